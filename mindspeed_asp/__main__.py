@@ -1,0 +1,5 @@
+import sys
+
+from mindspeed_asp.cli import main
+
+sys.exit(main())

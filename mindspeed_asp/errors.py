@@ -1,0 +1,39 @@
+"""Project-wide error types.
+
+Every error a user can cause carries the file, line or key that caused it, so the CLI can print one clear
+line instead of a traceback.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class AspError(Exception):
+    """Base class for errors the CLI reports as one line (no traceback)."""
+
+
+class InputError(AspError):
+    """Bad user input: a malformed file, line, column or value."""
+
+    def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None,
+                 key: Optional[str] = None) -> None:
+        where = []
+        if path:
+            where.append(str(path) + (f":{line}" if line is not None else ""))
+        if key:
+            where.append(f"key '{key}'")
+        prefix = (" ".join(where) + ": ") if where else ""
+        super().__init__(prefix + message)
+        self.path, self.line, self.key = path, line, key
+
+
+class ConfigError(InputError):
+    """A configuration file or override is invalid (unknown key, wrong type, impossible value)."""
+
+
+class PlanMismatchError(AspError):
+    """A dispatch plan was built for another dataset (fingerprint differs) or another schema version."""
+
+
+class WeightSyncError(AspError):
+    """A weight-sync round failed or moved nothing; never ignored (vLLM communicators disable silently)."""

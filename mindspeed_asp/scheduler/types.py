@@ -1,0 +1,161 @@
+"""Data types shared by the estimators, the planners, the plan file and the simulator.
+
+They are plain dataclasses over numpy arrays (one row per prompt group) so a 10^5-group epoch is planned
+without Python-object overhead. Nothing here imports torch or Ray.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The epoch's prompts: one row per prompt group (each prompt is sampled `n` times).
+
+    `prompt_ids` are strings (MindSpeed-RL carries integer indexes; they are stringified), `prompt_lens`
+    are prompt token counts. `sources` optionally names the data source of each prompt (cold-start feature).
+    """
+
+    prompt_ids: np.ndarray  # dtype object (str), shape [G]
+    prompt_lens: np.ndarray  # int64, shape [G]
+    n: int = 8
+    sources: Optional[np.ndarray] = None  # dtype object (str), shape [G]
+    origin: str = ""  # file the prompts came from, for error messages and provenance
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_ids) != len(self.prompt_lens):
+            raise ValueError("prompt_ids and prompt_lens differ in length")
+        if self.n < 1:
+            raise ValueError("n (samples per prompt) must be >= 1")
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def fingerprint(self) -> str:
+        """Identity of the dataset a plan was built for: ids, prompt lengths and n, in order."""
+        h = hashlib.sha256()
+        h.update(f"n={self.n};G={len(self)};".encode())
+        h.update("\x1f".join(map(str, self.prompt_ids)).encode())
+        h.update(np.asarray(self.prompt_lens, dtype=np.int64).tobytes())
+        return h.hexdigest()[:16]
+
+    def subset(self, index: np.ndarray) -> "PromptSet":
+        return PromptSet(
+            prompt_ids=self.prompt_ids[index],
+            prompt_lens=self.prompt_lens[index],
+            n=self.n,
+            sources=None if self.sources is None else self.sources[index],
+            origin=self.origin,
+        )
+
+
+@dataclass(frozen=True)
+class LengthEstimate:
+    """Predicted response lengths per group (tokens), as the planners consume them.
+
+    `median` is the typical sample length, `group_max` the chosen upper quantile of the max of n samples
+    (a group finishes with its longest sample), `sigma` the within-group log-spread, `p_trunc` the
+    probability that a sample hits max_new_tokens, `has_history` False where the cold-start fallback
+    was used. `samples` optionally holds per-sample predictions [G, n] (the oracle fills the truth).
+    """
+
+    median: np.ndarray  # float64 [G]
+    group_max: np.ndarray  # float64 [G]
+    sigma: np.ndarray  # float64 [G]
+    p_trunc: np.ndarray  # float64 [G]
+    has_history: np.ndarray  # bool [G]
+    estimator: str = ""
+    params: Dict[str, float] = field(default_factory=dict)
+    samples: Optional[np.ndarray] = None  # float64 [G, n]
+
+    def __len__(self) -> int:
+        return len(self.median)
+
+    def sample_lengths(self, n: int) -> np.ndarray:
+        """Per-sample predicted lengths [G, n]: the given samples, or the median repeated."""
+        if self.samples is not None:
+            return self.samples
+        return np.repeat(self.median[:, None], n, axis=1)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Decode step cost under continuous batching: a + b*active + c*KV (+ p*prefill tokens), seconds.
+
+    `table_active`/`table_kv`/`table_time`, when set, replace the linear form by interpolation in a
+    measured table (vLLM's step time is flat up to a knee, then compute bound).
+    """
+
+    a: float = 5.7e-3
+    b: float = 2.0e-5
+    c: float = 1.8e-7
+    p: float = 0.0
+    source: str = "default (Llama-2-7B/H100-like; fit your own with `asp fit-cost`)"
+
+    def step_time(self, active: np.ndarray, kv_tokens: np.ndarray, prefill_tokens: np.ndarray = 0.0):
+        return self.a + self.b * active + self.c * kv_tokens + self.p * prefill_tokens
+
+    def sequence_work(self, length: np.ndarray, prompt_len: np.ndarray, slots: int) -> np.ndarray:
+        """Cross-instance work of sequences (scheduling_theory.md 3.4): the a-term is the share of steps."""
+        length = np.asarray(length, dtype=np.float64)
+        prompt_len = np.asarray(prompt_len, dtype=np.float64)
+        return (self.a * length / slots + self.b * length
+                + self.c * (prompt_len * length + length * (length - 1) / 2.0) + self.p * prompt_len)
+
+    def solo_time(self, length: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
+        """Time of a sequence run alone: sum over its steps of a + b + c*(P + k)."""
+        length = np.asarray(length, dtype=np.float64)
+        prompt_len = np.asarray(prompt_len, dtype=np.float64)
+        return (self.a + self.b) * length + self.c * (prompt_len * length + length * (length - 1) / 2.0) \
+            + self.p * prompt_len
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Shape of one inference instance: B slots, KV budget in tokens (None = unbounded)."""
+
+    slots: int = 64
+    kv_budget: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PlanningProblem:
+    """One window (iteration) of groups to place on `instances` instances.
+
+    Indices in an `Assignment` refer to rows of `prompts`/`estimate`.
+    """
+
+    prompts: PromptSet
+    estimate: LengthEstimate
+    instances: int
+    spec: InstanceSpec
+    minibatch: int  # M, groups per trainer minibatch
+    cost: CostModel
+    max_new_tokens: int
+    rho: float = 1.0  # trainer work / rollout time, for regime-dependent ordering
+    seed: int = 0
+
+
+@dataclass
+class Assignment:
+    """A planner's answer: per instance the ordered group indices, and a minibatch tag per group.
+
+    `minibatch[g] = -1` means untagged: the trainer takes groups in arrival order.
+    """
+
+    orders: List[np.ndarray]
+    minibatch: np.ndarray
+    planner: str
+    params: Dict[str, float] = field(default_factory=dict)
+
+    def validate(self, num_groups: int) -> None:
+        """Every group placed exactly once; raises ValueError otherwise."""
+        allg = np.concatenate([np.asarray(o, dtype=np.int64) for o in self.orders]) if self.orders else \
+            np.zeros(0, dtype=np.int64)
+        if len(allg) != num_groups or len(np.unique(allg)) != num_groups or \
+                (num_groups and (allg.min() < 0 or allg.max() >= num_groups)):
+            raise ValueError(f"planner {self.planner!r} did not place each of {num_groups} groups exactly once")
