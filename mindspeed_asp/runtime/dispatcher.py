@@ -1,0 +1,261 @@
+"""Which prompt group goes to which rollout instance, and when.
+
+The dispatcher is a pure state machine (no Ray, no vLLM) so every rule is unit-testable: the driver feeds it
+events (a window of groups, a finished group, a dead instance, a stale group to regenerate) and asks it to
+`fill` free instance capacity within an admission budget computed from the max-lag counter.
+
+Three policies, one per runtime mode (DESIGN.md section 6):
+
+- `stock`: MindSpeed-RL's default. Each iteration's groups are cut into contiguous, dataset-ordered chunks,
+  one per instance, and every chunk is submitted at once; no stealing.
+- `least_loaded` (mode `async`): one FIFO in dataset order; the next group goes to the live instance with
+  the fewest groups in flight (OpenRLHF's rule).
+- `plan` (mode `asp`): each instance pulls from its own plan queue in plan order; an instance whose queue
+  is empty steals not-yet-started groups from the tail of the most loaded queue (every steal is logged).
+
+Every group is in exactly one state (queued, in flight on one instance, done), so a group is never handed
+out twice, and results from an instance that no longer owns a group are refused.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+POLICIES = ("stock", "least_loaded", "plan")
+MODE_POLICY = {"stock": "stock", "async": "least_loaded", "asp": "plan"}
+
+
+@dataclass
+class Ticket:
+    """One prompt group to generate: `gid` is its row in the epoch's prompt set."""
+
+    gid: int
+    predicted: float = 1.0  # predicted tokens of the group (load measure for stealing)
+    attempt: int = 0  # 0 first time; incremented on re-dispatch after a death or a stale regenerate
+
+
+@dataclass
+class StealEvent:
+    time: float
+    thief: int
+    victim: int
+    gid: int
+
+
+@dataclass
+class Dispatcher:
+    """Plan / least-loaded / stock dispatch with capacity, admission budget, stealing and re-dispatch.
+
+    `capacity` is the number of groups an instance may hold in flight (slots // n keeps vLLM's batch full
+    without a hidden engine queue); `None` means unlimited (stock submits a whole chunk).
+    """
+
+    policy: str
+    instances: int
+    capacity: Optional[int] = None
+    work_stealing: bool = True
+    clock: Callable[[], float] = time.monotonic
+    queues: List[Deque[Ticket]] = field(init=False)
+    fifo: Deque[Ticket] = field(init=False)
+    in_flight: List[Dict[int, Ticket]] = field(init=False)
+    alive: List[bool] = field(init=False)
+    done: set = field(init=False)
+    steals: List[StealEvent] = field(init=False)
+    redispatched: int = field(init=False, default=0)
+    dispatched: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown dispatch policy {self.policy!r}; one of {POLICIES}")
+        if self.instances < 1:
+            raise ValueError("need at least one instance")
+        self.queues = [deque() for _ in range(self.instances)]
+        self.fifo = deque()
+        self.in_flight = [dict() for _ in range(self.instances)]
+        self.alive = [True] * self.instances
+        self.done = set()
+        self.steals = []
+
+    # ------------------------------------------------------------------ loading work
+    def load_window(self, tickets: Sequence[Ticket], plan_queues: Optional[Sequence[Sequence[int]]] = None) -> None:
+        """Add a window (an iteration, an epoch) of groups.
+
+        `plan` needs `plan_queues` (per instance, the ordered gids of this window); the other policies take
+        `tickets` in dataset order.
+        """
+        known = self._known()
+        by_gid = {t.gid: t for t in tickets}
+        for t in tickets:
+            if t.gid in known:
+                raise ValueError(f"group {t.gid} is already queued, in flight or done")
+        if self.policy == "plan":
+            if plan_queues is None or len(plan_queues) != self.instances:
+                raise ValueError(f"plan dispatch needs {self.instances} instance queues")
+            placed = [g for q in plan_queues for g in q]
+            if sorted(placed) != sorted(by_gid):
+                raise ValueError("plan queues do not cover exactly this window's groups")
+            for j, q in enumerate(plan_queues):
+                target = j if self.alive[j] else self._lightest_queue()
+                self.queues[target].extend(by_gid[g] for g in q)
+        elif self.policy == "least_loaded":
+            self.fifo.extend(tickets)
+        else:  # stock: contiguous dataset-ordered chunks over the live instances
+            live = [j for j in range(self.instances) if self.alive[j]]
+            chunks = _split_contiguous(list(tickets), len(live))
+            for j, chunk in zip(live, chunks):
+                self.queues[j].extend(chunk)
+
+    # ------------------------------------------------------------------ dispatching
+    def fill(self, budget: Optional[int] = None) -> List[Tuple[int, Ticket]]:
+        """Hand out queued groups to instances with free capacity, at most `budget` of them (None = no cap).
+
+        Returns (instance, ticket) pairs in the order they should be submitted; the dispatcher already
+        counts them as in flight.
+        """
+        out: List[Tuple[int, Ticket]] = []
+        remaining = float("inf") if budget is None else max(0, int(budget))
+        while remaining > 0:
+            pick = self._next_assignment()
+            if pick is None:
+                break
+            j, t = pick
+            self.in_flight[j][t.gid] = t
+            self.dispatched += 1
+            out.append((j, t))
+            remaining -= 1
+        return out
+
+    def _free(self, j: int) -> bool:
+        return self.alive[j] and (self.capacity is None or len(self.in_flight[j]) < self.capacity)
+
+    def _next_assignment(self) -> Optional[Tuple[int, Ticket]]:
+        live_free = [j for j in range(self.instances) if self._free(j)]
+        if not live_free:
+            return None
+        if self.policy == "least_loaded":
+            if not self.fifo:
+                return None
+            j = min(live_free, key=lambda k: (len(self.in_flight[k]), k))
+            return j, self.fifo.popleft()
+        # plan and stock: own queue first, the instance with the fewest in flight first
+        for j in sorted(live_free, key=lambda k: (len(self.in_flight[k]), k)):
+            if self.queues[j]:
+                return j, self.queues[j].popleft()
+        if self.policy == "plan" and self.work_stealing:
+            thief = min(live_free, key=lambda k: (len(self.in_flight[k]), k))
+            victim = self._most_loaded_queue(exclude=thief)
+            if victim is not None:
+                t = self.queues[victim].pop()  # tail: keeps the victim's plan order intact
+                self.steals.append(StealEvent(self.clock(), thief, victim, t.gid))
+                return thief, t
+        return None
+
+    # ------------------------------------------------------------------ events
+    def on_finished(self, instance: int, gid: int) -> bool:
+        """Record a finished group; False when this instance does not own it (dead, stolen, duplicate)."""
+        if not self.alive[instance] or gid not in self.in_flight[instance]:
+            return False
+        del self.in_flight[instance][gid]
+        self.done.add(gid)
+        return True
+
+    def on_instance_dead(self, instance: int) -> List[int]:
+        """Mark an instance dead and re-queue its in-flight and queued groups on the live ones.
+
+        In-flight groups go to the front (they were started first); returns the re-dispatched gids.
+        """
+        if not self.alive[instance]:
+            return []
+        self.alive[instance] = False
+        if not any(self.alive):
+            raise RuntimeError("every rollout instance is dead")
+        lost = list(self.in_flight[instance].values())
+        self.in_flight[instance].clear()
+        queued = list(self.queues[instance])
+        self.queues[instance].clear()
+        for t in lost:
+            t.attempt += 1
+        self.redispatched += len(lost)
+        if self.policy == "least_loaded":
+            self.fifo.extendleft(reversed(lost))
+        else:
+            for t in reversed(lost):
+                self.queues[self._lightest_queue()].appendleft(t)
+            for t in queued:
+                self.queues[self._lightest_queue()].append(t)
+        return [t.gid for t in lost] + [t.gid for t in queued]
+
+    def requeue(self, gid: int, predicted: float = 1.0) -> None:
+        """Put a done group back at the front (a stale sample being regenerated)."""
+        self.done.discard(gid)
+        for q in self.in_flight:
+            q.pop(gid, None)
+        t = Ticket(gid, predicted, attempt=1)
+        if self.policy == "least_loaded":
+            self.fifo.appendleft(t)
+        else:
+            self.queues[self._lightest_queue()].appendleft(t)
+
+    # ------------------------------------------------------------------ views
+    def queued(self) -> int:
+        return len(self.fifo) + sum(len(q) for q in self.queues)
+
+    def in_flight_count(self, instance: Optional[int] = None) -> int:
+        if instance is not None:
+            return len(self.in_flight[instance])
+        return sum(len(q) for q in self.in_flight)
+
+    def owner(self, gid: int) -> Optional[int]:
+        for j, q in enumerate(self.in_flight):
+            if gid in q:
+                return j
+        return None
+
+    def idle(self) -> bool:
+        """Nothing queued and nothing in flight."""
+        return self.queued() == 0 and self.in_flight_count() == 0
+
+    def _known(self) -> set:
+        s = set(self.done)
+        s.update(t.gid for t in self.fifo)
+        for q in self.queues:
+            s.update(t.gid for t in q)
+        for q in self.in_flight:
+            s.update(q)
+        return s
+
+    def _queue_load(self, j: int) -> float:
+        return sum(t.predicted for t in self.queues[j])
+
+    def _lightest_queue(self) -> int:
+        live = [j for j in range(self.instances) if self.alive[j]]
+        return min(live, key=lambda k: (self._queue_load(k) + sum(t.predicted for t in self.in_flight[k].values()), k))
+
+    def _most_loaded_queue(self, exclude: int) -> Optional[int]:
+        cands = [j for j in range(self.instances) if j != exclude and self.alive[j] and self.queues[j]]
+        if not cands:
+            return None
+        return max(cands, key=lambda k: (self._queue_load(k), -k))
+
+
+def _split_contiguous(items: list, parts: int) -> List[list]:
+    """Dataset-ordered chunks whose sizes differ by at most one (MindSpeed-RL's per-instance share)."""
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        size = base + (1 if p < extra else 0)
+        out.append(items[start:start + size])
+        start += size
+    return out
+
+
+def admission_budget(version: int, max_lag: int, minibatch_groups: int, accepted: int) -> int:
+    """How many more groups may be dispatched now (AReaL's rule, in groups).
+
+    `accepted` counts groups dispatched and not dropped. With `(version + max_lag + 1) * M` as the cap, a
+    group dispatched at `version` is among those the trainer consumes by update `version + max_lag`, so its
+    lag stays within the bound when the trainer takes groups oldest-version first (the audit still checks).
+    """
+    return max(0, (version + max_lag + 1) * minibatch_groups - accepted)

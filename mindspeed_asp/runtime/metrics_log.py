@@ -1,0 +1,278 @@
+"""Run metrics: one JSON line per training step, a trace for plots, and a summary JSON.
+
+Names follow DESIGN.md section 5 (`bubble/*`, `lag/*`, `throughput/e2e_tps`, `time/*`) so stock, async and
+ASP runs (and MindSpeed-RL logs, through the log reader) compare line by line. The recorder only collects
+timestamps the driver already has; every number in the summary is computed here from those raw events, so
+the definitions live in one place.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+STEPS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+TRACE_FILE = "trace.json"
+
+
+@dataclass
+class GroupSpan:
+    """One generated group on one instance: the Gantt bar and the token counts behind throughput."""
+
+    instance: int
+    gid: int
+    submit: float
+    start: float
+    end: float
+    prompt_tokens: int
+    response_tokens: int
+    sample_lengths: List[int]
+    version: int  # oldest policy version that produced any of its tokens
+    window: int  # iteration index in stock mode, 0 for the streaming modes
+    trained: bool = False
+
+
+@dataclass
+class RunRecorder:
+    """Collects raw events during a run and turns them into DESIGN.md section 5 metrics."""
+
+    out_dir: Path
+    mode: str
+    instances: int
+    slots: int
+    minibatch_groups: int
+    max_lag: int
+    devices: Optional[int] = None  # devices in e2e_tps' denominator; default = instances
+    clock: Any = time.monotonic
+    t0: float = field(default=0.0)
+    groups: List[GroupSpan] = field(default_factory=list)
+    queue_trace: List[Tuple[float, int]] = field(default_factory=list)
+    trainer_idle: List[Tuple[float, float]] = field(default_factory=list)  # starved while rollout active
+    steps: List[Dict[str, Any]] = field(default_factory=list)
+    lags: List[int] = field(default_factory=list)  # one per trained sample
+    decode_steps: Dict[int, int] = field(default_factory=dict)  # instance -> engine decode steps, if known
+    events: List[Dict[str, Any]] = field(default_factory=list)  # steals, deaths, drops, regenerations
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.t0 = self.clock()
+        self._steps_fh = open(self.out_dir / STEPS_FILE, "w")
+
+    def now(self) -> float:
+        """Seconds since the recorder was created."""
+        return self.clock() - self.t0
+
+    # ---------------------------------------------------------------- raw events
+    def group(self, span: GroupSpan) -> None:
+        self.groups.append(span)
+
+    def queue(self, occupancy: int, t: Optional[float] = None) -> None:
+        self.queue_trace.append((self.now() if t is None else t, int(occupancy)))
+
+    def trainer_starved(self, start: float, end: float) -> None:
+        if end > start:
+            self.trainer_idle.append((start, end))
+
+    def event(self, kind: str, **info: Any) -> None:
+        self.events.append({"t": round(self.now(), 4), "kind": kind, **info})
+
+    def log_step(self, record: Dict[str, Any], trained_lags: Sequence[int]) -> None:
+        """Write one step's JSON line; `trained_lags` are the lags of the samples trained in it."""
+        lags = np.asarray(trained_lags, dtype=np.int64)
+        self.lags.extend(int(x) for x in lags)
+        rec = dict(record)
+        if len(lags):
+            rec.update({"lag/mean": float(lags.mean()), "lag/max": int(lags.max())})
+        self.steps.append(rec)
+        self._steps_fh.write(json.dumps(_clean(rec)) + "\n")
+        self._steps_fh.flush()
+
+    def close(self) -> None:
+        if not self._steps_fh.closed:
+            self._steps_fh.close()
+
+    # ---------------------------------------------------------------- metrics
+    def summary(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """All DESIGN.md section 5 metrics over the run (plus `extra`), as a flat dict."""
+        s: Dict[str, Any] = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
+                             "steps": len(self.steps)}
+        s.update(lag_stats(self.lags, self.max_lag))
+        s.update(self._bubbles())
+        s.update(self._times_and_throughput())
+        rewards = [r["reward/mean"] for r in self.steps if "reward/mean" in r]
+        if rewards:
+            k = max(1, len(rewards) // 4)
+            s["reward/final"] = float(np.mean(rewards[-k:]))
+            s["reward/first"] = float(rewards[0])
+        trained = [L for g in self.groups if g.trained for L in g.sample_lengths]
+        s["length/trained_mean"] = float(np.mean(trained)) if trained else 0.0
+        s["events"] = _count(e["kind"] for e in self.events)
+        if extra:
+            s.update(extra)
+        return _clean(s)
+
+    def _bubbles(self) -> Dict[str, float]:
+        out: Dict[str, float] = {}
+        windows = sorted({g.window for g in self.groups})
+        skews, tails, pads, lbs = [], [], [], []
+        for w in windows:
+            gs = [g for g in self.groups if g.window == w]
+            sk = skewness(gs, self.instances)
+            skews.append(sk["skew"])
+            tails.append(sk["after90"])
+        out["bubble/skewness"] = float(np.mean(skews)) if skews else 0.0
+        out["bubble/skewness_after90"] = float(np.mean(tails)) if tails else 0.0
+        out["bubble/padding"], out["bubble/padding_basis"] = generation_padding(
+            self.groups, self.slots, self.decode_steps)
+        span = self.run_span()
+        idle = sum(b - a for a, b in self.trainer_idle)
+        out["bubble/sorting"] = idle / span if span > 0 else 0.0
+        occ = np.array([q for _, q in self.queue_trace], dtype=np.float64)
+        out["bubble/sorting_queue_cv"] = float(occ.std() / occ.mean()) if len(occ) and occ.mean() > 0 else 0.0
+        ends = np.sort([g.end for g in self.groups])
+        if len(ends) >= self.minibatch_groups * 2:
+            ready = ends[self.minibatch_groups - 1::self.minibatch_groups]
+            gaps = np.diff(ready)
+            out["bubble/sorting_arrival_cv"] = float(gaps.std() / gaps.mean()) if gaps.mean() > 0 else 0.0
+        return out
+
+    def run_span(self) -> float:
+        """From the first dispatch to the last update (the run's measured time)."""
+        if not self.steps:
+            return 0.0
+        first = min([g.submit for g in self.groups], default=0.0)
+        return float(self.steps[-1]["t_end"] - first)
+
+    def _times_and_throughput(self) -> Dict[str, float]:
+        out: Dict[str, float] = {}
+        for key in ("time/iteration", "time/rollout", "time/train", "time/weight_sync"):
+            vals = [r[key] for r in self.steps if key in r]
+            if vals:
+                out[key] = float(np.mean(vals))
+                out[key + "_total"] = float(np.sum(vals))
+        devices = self.devices or self.instances
+        span = self.run_span()
+        tokens = sum(r.get("tokens/trained", 0) for r in self.steps)
+        out["tokens/trained"] = int(tokens)
+        out["throughput/e2e_tps"] = tokens / (devices * span) if span > 0 else 0.0
+        out["throughput/tokens_per_s"] = tokens / span if span > 0 else 0.0
+        gen = sum(g.response_tokens for g in self.groups)
+        busy = instance_busy(self.groups, self.instances)
+        out["throughput/rollout_tps"] = gen / max(busy.values()) if busy and max(busy.values()) > 0 else 0.0
+        out["time/run"] = span
+        return out
+
+    # ---------------------------------------------------------------- files
+    def write(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Write summary.json and trace.json; returns the summary."""
+        self.close()
+        summary = self.summary(extra)
+        (self.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        trace = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
+                 "groups": [asdict(g) for g in self.groups], "queue": self.queue_trace,
+                 "trainer_idle": self.trainer_idle, "lags": self.lags, "events": self.events,
+                 "steps": self.steps}
+        (self.out_dir / TRACE_FILE).write_text(json.dumps(_clean(trace)))
+        return summary
+
+
+# -------------------------------------------------------------------- definitions (pure functions)
+def lag_stats(lags: Sequence[int], max_lag: int) -> Dict[str, float]:
+    """`lag/{mean,p99,max,frac_over_bound}` over trained samples, plus the histogram."""
+    a = np.asarray(lags, dtype=np.int64)
+    if len(a) == 0:
+        return {"lag/mean": 0.0, "lag/p99": 0.0, "lag/max": 0, "lag/frac_over_bound": 0.0, "lag/hist": {}}
+    return {"lag/mean": float(a.mean()), "lag/p99": float(np.percentile(a, 99)), "lag/max": int(a.max()),
+            "lag/frac_over_bound": float((a > max_lag).mean()),
+            "lag/hist": {str(int(k)): int(v) for k, v in zip(*np.unique(a, return_counts=True))}}
+
+
+def _union_length(intervals: List[Tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def instance_busy(groups: Sequence[GroupSpan], instances: int) -> Dict[int, float]:
+    """Busy time T_j of each instance: the union of its groups' generation intervals."""
+    return {j: _union_length([(g.start, g.end) for g in groups if g.instance == j]) for j in range(instances)}
+
+
+def skewness(groups: Sequence[GroupSpan], instances: int) -> Dict[str, float]:
+    """`1 - mean_j(T_j)/R` with R = max_j T_j, and the share of the window after 90% of groups finished."""
+    if not groups:
+        return {"skew": 0.0, "after90": 0.0}
+    busy = instance_busy(groups, instances)
+    R = max(busy.values())
+    skew = 1.0 - float(np.mean(list(busy.values()))) / R if R > 0 else 0.0
+    start = min(g.start for g in groups)
+    ends = np.sort([g.end for g in groups])
+    t90 = ends[max(0, int(math.ceil(0.9 * len(ends))) - 1)]
+    window = ends[-1] - start
+    return {"skew": skew, "after90": float((ends[-1] - t90) / window) if window > 0 else 0.0}
+
+
+def generation_padding(groups: Sequence[GroupSpan], slots: int,
+                       decode_steps: Dict[int, int]) -> Tuple[float, str]:
+    """Idle slot share `1 - sum(L) / (B * sum_j S_j)`.
+
+    With engine step counts S_j this is the DESIGN.md definition ("steps"); without them the slot-time
+    form is used ("time"): each sequence occupies a slot from its group's start to its own end, estimated
+    from the group's span scaled by its length share, over B slots times the instance's busy time.
+    """
+    if not groups:
+        return 0.0, "none"
+    if decode_steps and sum(decode_steps.values()) > 0:
+        total_L = sum(sum(g.sample_lengths) for g in groups)
+        return max(0.0, 1.0 - total_L / (slots * sum(decode_steps.values()))), "steps"
+    instances = max(g.instance for g in groups) + 1
+    busy = instance_busy(groups, instances)
+    used = 0.0
+    for g in groups:
+        longest = max(g.sample_lengths) if g.sample_lengths else 0
+        if longest > 0:
+            used += (g.end - g.start) * sum(g.sample_lengths) / longest
+    cap = slots * sum(busy.values())
+    return (max(0.0, 1.0 - used / cap) if cap > 0 else 0.0), "time"
+
+
+def _count(items) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for k in items:
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: numpy scalars to Python, NaN/inf to None."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    return obj
+
+
+def read_steps(run_dir: str | Path) -> List[Dict[str, Any]]:
+    """The per-step records of a run directory."""
+    path = Path(run_dir) / STEPS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

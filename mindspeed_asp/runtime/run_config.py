@@ -1,0 +1,148 @@
+"""Standalone run configuration: model, data, trainer and run sections plus the shared `asp:` section.
+
+A MindSpeed-RL run carries only the `asp:` section inside its own YAML; a standalone run (`asp train`,
+`asp demo`, the CPU tier) needs to say which model, which prompts, how to train and where to write, so this
+module adds those sections with the same strictness as `mindspeed_asp.config`: an unknown key or a wrong type
+stops the run before Ray starts, naming the key and the file.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional
+
+from pydantic import Field
+
+from mindspeed_asp.config import AspSection, Strict, apply_overrides, read_yaml, validate_section
+from mindspeed_asp.errors import ConfigError
+
+#: On CPU the "devices" are logical slots: each instance is one vLLM process with `instance_threads` OpenMP
+#: threads. More instances than this share the same cores so thinly that vLLM start-up times out, so a
+#: config asking for more is refused (override with the environment variable ASP_CPU_SLOTS).
+DEFAULT_CPU_SLOTS = 8
+
+
+class ModelSection(Strict):
+    """Which causal LM the instances serve and the trainer updates."""
+
+    path: str = Field("runs/tiny_model", description="HF model directory; created when tiny=true and absent")
+    tiny: bool = Field(True, description="build the random-initialised tiny Qwen2 model at `path` if missing")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_model_len: int = Field(512, ge=16)
+    memory_fraction: float = Field(0.05, gt=0.0, le=1.0, description="vLLM gpu_memory_utilization")
+
+
+class DataSection(Strict):
+    """The prompts: the synthetic demo task (the only task a tiny random model can learn on CPU)."""
+
+    task: Literal["demo"] = "demo"
+    num_prompts: int = Field(64, ge=1, description="prompt groups in the dataset (one epoch)")
+    n: int = Field(4, ge=1, description="samples per prompt (GRPO group size)")
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0.0)
+    seed: int = 0
+
+
+class TrainerSection(Strict):
+    """The reference GRPO trainer (PyTorch, HF model) used on the CPU and GPU tiers."""
+
+    lr: float = Field(1e-3, gt=0.0)
+    clip_eps: float = Field(0.2, gt=0.0)
+    kl_coef: float = Field(0.0, ge=0.0)
+    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    threads: int = Field(1, ge=1, description="torch threads of the trainer")
+
+
+class RunSection(Strict):
+    """How long to run, where to write, and the local Ray/engine settings."""
+
+    steps: int = Field(4, ge=1, description="optimizer updates (each consumes asp.minibatch_groups groups)")
+    seed: int = 0
+    out: str = "runs/train"
+    ray_num_cpus: int = Field(8, ge=1, description="logical CPUs of the local Ray (oversubscribed on purpose)")
+    ray_object_store_mb: int = Field(512, ge=64)
+    instance_threads: int = Field(1, ge=1, description="OpenMP threads per vLLM instance on CPU")
+    start_timeout_s: float = Field(180.0, gt=0.0, description="per instance start-up, retried once")
+    step_timeout_s: float = Field(600.0, gt=0.0, description="longest wait for a finished group")
+    verify_weights: bool = Field(True, description="compare trainer and instance checksums after each sync")
+    plots: bool = True
+    platform: Optional[Literal["cpu", "cuda", "npu"]] = Field(None, description="None = auto-detect")
+
+
+class RunConfig(Strict):
+    """A whole standalone run config file."""
+
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    trainer: TrainerSection = TrainerSection()
+    run: RunSection = RunSection()
+    asp: AspSection = AspSection()
+
+
+def cpu_slots() -> int:
+    """How many CPU instances a run may start (logical slots; see DEFAULT_CPU_SLOTS)."""
+    raw = os.environ.get("ASP_CPU_SLOTS")
+    if raw is None:
+        return DEFAULT_CPU_SLOTS
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise ConfigError(f"ASP_CPU_SLOTS must be an integer, got {raw!r}", key="ASP_CPU_SLOTS") from None
+
+
+def validate_semantics(cfg: RunConfig, path: str, devices: Optional[int] = None) -> RunConfig:
+    """Cross-field checks pydantic cannot express; `devices` is the number of accelerators (None = CPU)."""
+    limit = cpu_slots() if devices is None else devices
+    what = "logical CPU slots (ASP_CPU_SLOTS)" if devices is None else "visible devices"
+    if cfg.asp.instances > limit:
+        raise ConfigError(f"{cfg.asp.instances} instances but only {limit} {what}", path=path,
+                          key="asp.instances")
+    if cfg.asp.instances > cfg.run.ray_num_cpus:
+        raise ConfigError(f"{cfg.asp.instances} instances need at least as many Ray CPUs "
+                          f"(run.ray_num_cpus={cfg.run.ray_num_cpus})", path=path, key="run.ray_num_cpus")
+    if cfg.asp.minibatch_groups > cfg.data.num_prompts:
+        raise ConfigError(f"minibatch of {cfg.asp.minibatch_groups} groups exceeds the "
+                          f"{cfg.data.num_prompts} prompts of the dataset", path=path, key="asp.minibatch_groups")
+    if cfg.data.n > cfg.asp.slots:
+        raise ConfigError(f"a group of n={cfg.data.n} samples does not fit {cfg.asp.slots} slots", path=path,
+                          key="asp.slots")
+    if cfg.data.max_new_tokens >= cfg.model.max_model_len:
+        raise ConfigError(f"max_new_tokens={cfg.data.max_new_tokens} leaves no room for the prompt in "
+                          f"max_model_len={cfg.model.max_model_len}", path=path, key="data.max_new_tokens")
+    if cfg.asp.plan_path is not None and not Path(cfg.asp.plan_path).is_file():
+        raise ConfigError(f"plan file {cfg.asp.plan_path!r} not found", path=path, key="asp.plan_path")
+    return cfg
+
+
+def config_from_dict(data: Dict[str, Any], path: str = "<dict>", overrides: Optional[List[str]] = None,
+                     devices: Optional[int] = None) -> RunConfig:
+    """Validate a parsed mapping (plus overrides) into a RunConfig."""
+    data = copy.deepcopy(data)
+    if overrides:
+        apply_overrides(data, list(overrides))
+    cfg = validate_section(data, RunConfig, path)
+    return validate_semantics(cfg, path, devices)
+
+
+def load_run_config(path: str | Path, overrides: Optional[List[str]] = None,
+                    devices: Optional[int] = None) -> RunConfig:
+    """Read, override and validate a run config file; errors name the key and the file."""
+    return config_from_dict(read_yaml(path), str(path), overrides, devices)
+
+
+def packaged_config_path(name: str = "tiny_cpu.yaml") -> Path:
+    """A config shipped inside the package (package_data), falling back to the repository's configs/."""
+    here = Path(__file__).resolve().parents[1] / "configs" / name
+    if here.is_file():
+        return here
+    repo = Path(__file__).resolve().parents[2] / "configs" / name
+    if repo.is_file():
+        return repo
+    raise ConfigError("packaged config not found (reinstall mindspeed-asp)", path=name)
+
+
+def dump_config(cfg: RunConfig) -> Dict[str, Any]:
+    """The resolved config as plain data, written next to every run's metrics."""
+    return cfg.model_dump(mode="json")

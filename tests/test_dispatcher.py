@@ -1,0 +1,118 @@
+"""Dispatcher rules: stock chunks, least-loaded, plan order, stealing, admission, re-dispatch on death."""
+from __future__ import annotations
+
+import pytest
+
+from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket, admission_budget
+
+
+def tickets(n, pred=None):
+    return [Ticket(g, float(pred[g]) if pred else 1.0) for g in range(n)]
+
+
+def test_stock_gives_contiguous_dataset_ordered_chunks():
+    d = Dispatcher("stock", instances=2)
+    d.load_window(tickets(5))
+    out = d.fill()
+    by = {0: [], 1: []}
+    for j, t in out:
+        by[j].append(t.gid)
+    assert by == {0: [0, 1, 2], 1: [3, 4]}
+    assert d.fill() == [] and d.in_flight_count() == 5
+
+
+def test_least_loaded_picks_fewest_in_flight_in_dataset_order():
+    d = Dispatcher("least_loaded", instances=2, capacity=2)
+    d.load_window(tickets(6))
+    out = d.fill()
+    assert [t.gid for _, t in out] == [0, 1, 2, 3]
+    assert sorted(j for j, _ in out) == [0, 0, 1, 1]
+    j0 = d.owner(0)
+    assert d.on_finished(j0, 0)
+    nxt = d.fill()
+    assert nxt == [(j0, nxt[0][1])] and nxt[0][1].gid == 4
+
+
+def test_plan_order_is_followed_then_tail_is_stolen():
+    pred = {g: 10.0 * (g + 1) for g in range(6)}
+    d = Dispatcher("plan", instances=2, capacity=1, clock=lambda: 1.0)
+    d.load_window(tickets(6, pred), plan_queues=[[5, 0, 1, 2], [4, 3]])
+    first = dict((j, t.gid) for j, t in d.fill())
+    assert first == {0: 5, 1: 4}
+    assert d.on_finished(1, 4)
+    assert [(j, t.gid) for j, t in d.fill()] == [(1, 3)]
+    assert d.on_finished(1, 3)
+    # instance 1's queue is empty: it steals from the tail of instance 0's queue
+    assert [(j, t.gid) for j, t in d.fill()] == [(1, 2)]
+    assert [(s.thief, s.victim, s.gid) for s in d.steals] == [(1, 0, 2)]
+    assert list(t.gid for t in d.queues[0]) == [0, 1]
+
+
+def test_no_stealing_when_disabled():
+    d = Dispatcher("plan", instances=2, capacity=1, work_stealing=False)
+    d.load_window(tickets(3), plan_queues=[[0, 1, 2], []])
+    assert [(j, t.gid) for j, t in d.fill()] == [(0, 0)]
+    assert d.steals == []
+
+
+def test_budget_caps_dispatch_and_admission_rule():
+    d = Dispatcher("least_loaded", instances=2, capacity=8)
+    d.load_window(tickets(20))
+    assert len(d.fill(budget=admission_budget(version=0, max_lag=0, minibatch_groups=4, accepted=0))) == 4
+    assert admission_budget(0, 0, 4, 4) == 0
+    assert admission_budget(1, 0, 4, 4) == 4
+    assert admission_budget(0, 2, 4, 4) == 8
+
+
+def test_dead_instance_groups_are_redispatched_once():
+    d = Dispatcher("plan", instances=3, capacity=2)
+    d.load_window(tickets(9), plan_queues=[[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+    d.fill()
+    lost = d.on_instance_dead(1)
+    assert set(lost) == {3, 4, 5}
+    assert not d.on_finished(1, 3)  # a late result from the dead instance is refused
+    seen = []
+    while not d.idle():
+        for j, t in d.fill():
+            assert j != 1
+        for j in (0, 2):
+            for gid in list(d.in_flight[j]):
+                assert d.on_finished(j, gid)
+                seen.append(gid)
+    assert len(seen) == len(set(seen))
+    assert d.done == set(range(9)) and d.redispatched == 2
+
+
+@pytest.mark.parametrize("policy", ["stock", "least_loaded", "plan"])
+def test_every_group_done_exactly_once_with_death(policy):
+    d = Dispatcher(policy, instances=2, capacity=None if policy == "stock" else 2)
+    ts = tickets(10)
+    d.load_window(ts, plan_queues=[[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]] if policy == "plan" else None)
+    d.fill()
+    d.on_instance_dead(0)
+    finished = []
+    while not d.idle():
+        d.fill()
+        for gid in list(d.in_flight[1]):
+            assert d.on_finished(1, gid)
+            finished.append(gid)
+    assert sorted(finished) == list(range(10))
+
+
+def test_duplicate_window_and_bad_plan_are_rejected():
+    d = Dispatcher("plan", instances=2)
+    with pytest.raises(ValueError):
+        d.load_window(tickets(3), plan_queues=[[0, 1], [1]])
+    d.load_window(tickets(2), plan_queues=[[0], [1]])
+    with pytest.raises(ValueError):
+        d.load_window(tickets(1), plan_queues=[[0], []])
+
+
+def test_requeue_puts_stale_group_first():
+    d = Dispatcher("least_loaded", instances=1, capacity=1)
+    d.load_window(tickets(3))
+    (j, t), = d.fill()
+    assert d.on_finished(j, t.gid)
+    d.requeue(t.gid)
+    assert [x.gid for x in d.fifo] == [0, 1, 2]
+    assert d.fifo[0].attempt == 1
