@@ -1,0 +1,142 @@
+"""`asp compare RUN...`: side-by-side table of runs with ratios against the first one.
+
+A run is anything a loader can turn into a summary dict with DESIGN.md section 5 names: a run directory
+written by `asp train` (its summary.json), or a MindSpeed-RL training log file (through the integration's
+log reader, when installed). Loaders are pluggable: `register_loader(predicate, loader)`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from mindspeed_asp.errors import InputError
+
+Loader = Callable[[Path], Dict[str, Any]]
+_LOADERS: List[Tuple[Callable[[Path], bool], Loader]] = []
+
+#: (column title, summary key, ratio sense): +1 higher is better, -1 lower is better, 0 no ratio.
+COLUMNS = [
+    ("e2e_tps", "throughput/e2e_tps", +1),
+    ("rollout tok/s", "throughput/rollout_tps", +1),
+    ("iter s", "time/iteration", -1),
+    ("pad", "bubble/padding", 0),
+    ("skew", "bubble/skewness", 0),
+    ("sort", "bubble/sorting", 0),
+    ("lag mean", "lag/mean", 0),
+    ("lag max", "lag/max", 0),
+    ("reward", "reward/final", 0),
+]
+
+
+def register_loader(predicate: Callable[[Path], bool], loader: Loader, first: bool = False) -> None:
+    """Teach compare a new kind of run (e.g. MindSpeed-RL logs); earlier loaders win."""
+    if first:
+        _LOADERS.insert(0, (predicate, loader))
+    else:
+        _LOADERS.append((predicate, loader))
+
+
+def load_run_dir(path: Path) -> Dict[str, Any]:
+    """A run directory written by `asp train`/`asp demo`."""
+    f = path / "summary.json"
+    try:
+        data = json.loads(f.read_text())
+    except ValueError as exc:
+        raise InputError(f"not valid JSON: {exc}", path=str(f)) from None
+    if not isinstance(data, dict):
+        raise InputError("summary must be a JSON object", path=str(f))
+    data.setdefault("name", path.name)
+    return data
+
+
+def _mindspeed_log_loader() -> Optional[Loader]:
+    """G's MindSpeed-RL log reader, when that module is present."""
+    try:
+        from mindspeed_asp.integrations.mindspeed_rl import log_reader  # type: ignore
+    except ImportError:
+        return None
+    for name in ("read_log_summary", "summary_from_log", "read_summary", "summarize_log", "load_summary"):
+        fn = getattr(log_reader, name, None)
+        if callable(fn):
+            return lambda p: dict(fn(str(p)), name=p.name)
+    return None
+
+
+register_loader(lambda p: p.is_dir() and (p / "summary.json").is_file(), load_run_dir)
+
+
+def load_run(path: str | Path) -> Dict[str, Any]:
+    """Turn a run directory or a log file into a summary dict; errors name the path."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such run directory or log file", path=str(p))
+    for pred, loader in _LOADERS:
+        if pred(p):
+            return loader(p)
+    if p.is_file():
+        log_loader = _mindspeed_log_loader()
+        if log_loader is not None:
+            return log_loader(p)
+        raise InputError("a file is read as a MindSpeed-RL log, but the log reader "
+                         "(mindspeed_asp.integrations.mindspeed_rl.log_reader) is not available", path=str(p))
+    raise InputError("not a run directory (no summary.json)", path=str(p))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def compare_table(runs: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[List[str]]]:
+    """Header and rows; ratio columns read `value (x ratio)` against the first run (higher = better)."""
+    header = ["run", "mode"] + [c[0] for c in COLUMNS]
+    base = runs[0]
+    rows = []
+    for r in runs:
+        row = [str(r.get("name", "?")), str(r.get("mode", "?"))]
+        for _, key, sense in COLUMNS:
+            v = r.get(key)
+            cell = _fmt(v)
+            b = base.get(key)
+            if sense and r is not base and isinstance(v, (int, float)) and isinstance(b, (int, float)) \
+                    and v > 0 and b > 0:
+                ratio = v / b if sense > 0 else b / v
+                cell += f" (x{ratio:.2f})"
+            row.append(cell)
+        rows.append(row)
+    return header, rows
+
+
+def format_table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]]:
+    """The printed table and the loaded summaries (used by `asp demo` too)."""
+    runs = [load_run(p) for p in paths]
+    header, rows = compare_table(runs)
+    note = "ratios vs the first run; e2e_tps/rollout higher is better, iteration time lower is better"
+    return format_table(header, rows) + "\n" + note, runs
+
+
+def handler(args: argparse.Namespace) -> int:
+    table, runs = compare_runs(args.runs)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=2))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("compare", help="side-by-side table of runs (run dirs or MindSpeed-RL logs)",
+                              description=__doc__)
+    p.add_argument("runs", nargs="+", help="run directories (summary.json) or MindSpeed-RL log files")
+    p.add_argument("--json", help="also write the loaded summaries as a JSON list")
+    p.set_defaults(func=handler)

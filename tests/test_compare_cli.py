@@ -1,0 +1,99 @@
+"""`asp compare` over run directories written by the real RunRecorder, plus the metric definitions."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mindspeed_asp.cli import main
+from mindspeed_asp.commands.compare import compare_runs, load_run, register_loader
+from mindspeed_asp.errors import InputError
+from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, lag_stats, read_steps, skewness
+from mindspeed_asp.runtime.run_plots import plot_run
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def fake_run(tmp_path, name, mode, iter_s, skew_end):
+    """A 2-step run: instance 0 busy [0, 4], instance 1 busy [0, skew_end]; steps end at iter_s, 2*iter_s."""
+    clock = Clock()
+    rec = RunRecorder(tmp_path / name, mode=mode, instances=2, slots=4, minibatch_groups=1, max_lag=1,
+                      clock=clock)
+    rec.group(GroupSpan(0, 0, 0.0, 0.0, 4.0, 10, 40, [10, 10, 10, 10], version=0, window=0, trained=True))
+    rec.group(GroupSpan(1, 1, 0.0, 0.0, skew_end, 10, 20, [5, 5, 5, 5], version=0, window=0, trained=True))
+    rec.queue(0, 0.0)
+    rec.queue(1, 4.0)
+    rec.trainer_starved(0.0, 2.0)
+    for step, lags in ((0, [0, 0, 0, 0]), (1, [1, 1, 1, 1])):
+        rec.log_step({"step": step, "version": step + 1, "t_end": iter_s * (step + 1), "time/iteration": iter_s,
+                      "time/train": 0.5, "time/weight_sync": 0.1, "reward/mean": 0.1 * (step + 1),
+                      "tokens/trained": 50}, lags)
+    rec.write()
+    return rec
+
+
+def test_metric_definitions(tmp_path):
+    rec = fake_run(tmp_path, "a", "stock", 5.0, 2.0)
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    # T = [4, 2], R = 4: skew = 1 - 3/4
+    assert s["bubble/skewness"] == pytest.approx(0.25)
+    # trainer starved 2 s of a 10 s run
+    assert s["bubble/sorting"] == pytest.approx(0.2)
+    # 100 trained tokens / (2 devices * 10 s)
+    assert s["throughput/e2e_tps"] == pytest.approx(5.0)
+    assert s["lag/max"] == 1 and s["lag/mean"] == pytest.approx(0.5) and s["lag/frac_over_bound"] == 0.0
+    assert s["lag/hist"] == {"0": 4, "1": 4}
+    # each group fills all 4 samples for its whole span: slot-time use 4*4 + 4*2 over 4 slots * 6 s busy = 1
+    assert s["bubble/padding"] == pytest.approx(0.0)
+    assert [r["step"] for r in read_steps(tmp_path / "a")] == [0, 1]
+    assert lag_stats([0, 3], max_lag=2)["lag/frac_over_bound"] == 0.5
+    assert skewness([], 2)["skew"] == 0.0
+    assert rec.summary()["reward/final"] == pytest.approx(0.2)
+
+
+def test_plots_written(tmp_path):
+    fake_run(tmp_path, "a", "asp", 5.0, 2.0)
+    paths = plot_run(tmp_path / "a")
+    assert [p.name for p in paths] == ["gantt.png", "queue.png", "lag_hist.png", "reward.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_compare_table_ratios_and_cli(tmp_path, capsys):
+    fake_run(tmp_path, "stock", "stock", 10.0, 1.0)
+    fake_run(tmp_path, "asp", "asp", 5.0, 4.0)
+    table, runs = compare_runs([tmp_path / "stock", tmp_path / "asp"])
+    asp_line = [l for l in table.splitlines() if l.startswith("asp ")][0]
+    # e2e_tps doubles and iteration time halves against the first run
+    assert "(x2.00)" in asp_line.split()[3] and asp_line.count("(x2.00)") >= 2
+    assert runs[1]["mode"] == "asp"
+    out_json = tmp_path / "cmp.json"
+    assert main(["compare", str(tmp_path / "stock"), str(tmp_path / "asp"), "--json", str(out_json)]) == 0
+    assert "e2e_tps" in capsys.readouterr().out
+    assert len(json.loads(out_json.read_text())) == 2
+
+
+def test_compare_errors_name_the_path(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="summary.json"):
+        load_run(tmp_path / "empty")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "summary.json").write_text("{not json")
+    with pytest.raises(InputError, match="summary.json"):
+        load_run(bad)
+
+
+def test_pluggable_loader(tmp_path):
+    log = tmp_path / "x.customlog"
+    log.write_text("e2e_tps=7\n")
+    register_loader(lambda p: p.suffix == ".customlog",
+                    lambda p: {"name": p.name, "mode": "log", "throughput/e2e_tps": 7.0}, first=True)
+    assert load_run(log)["throughput/e2e_tps"] == 7.0
