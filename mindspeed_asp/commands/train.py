@@ -1,0 +1,94 @@
+"""`asp train --config FILE [--mode stock|async|asp] [key.path=value ...] [--out DIR]`: one full run.
+
+The config is validated (unknown key, wrong type, impossible value, a plan for another dataset) before Ray
+starts; the run shows a progress bar (step, reward, lag, queue, tokens/s), writes metrics.jsonl, summary.json,
+trace.json and plots under the output directory, and starts and stops its own local Ray.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+
+def build_config(config: Optional[str], overrides: List[str], mode: Optional[str] = None,
+                 out: Optional[str] = None):
+    """Load and validate the run config (packaged tiny_cpu.yaml when `config` is None)."""
+    from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
+
+    extra = list(overrides)
+    if mode:
+        extra.append(f"asp.mode={mode}")
+    if out:
+        extra.append(f"run.out={out}")
+    path = config or str(packaged_config_path())
+    cfg = load_run_config(path, extra, devices=_device_count())
+    _check_plan(cfg, path)
+    return cfg
+
+
+def _device_count() -> Optional[int]:
+    """Accelerators visible to this process (None on CPU, where logical slots apply)."""
+    import os
+
+    from mindspeed_asp.runtime.platform import current_platform
+
+    plat = current_platform()
+    if not plat.is_accelerator:
+        return None
+    return int(plat.device_count())
+
+
+def _check_plan(cfg, path: str) -> None:
+    """A given plan must have been built for this run's dataset (fingerprint), else stop before Ray."""
+    if not cfg.asp.plan_path:
+        return
+    from mindspeed_asp.errors import ConfigError, PlanMismatchError
+    from mindspeed_asp.runtime.demo_task import DemoTask
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.types import PromptSet
+
+    import numpy as np
+
+    task = DemoTask(cfg.data.num_prompts, seed=cfg.data.seed, max_new_tokens=cfg.data.max_new_tokens)
+    prompts = task.prompts()
+    ps = PromptSet(prompt_ids=np.array([p[0] for p in prompts], dtype=object),
+                   prompt_lens=np.array([len(p[1]) for p in prompts], dtype=np.int64), n=cfg.data.n)
+    try:
+        DispatchPlan.load(cfg.asp.plan_path, prompts=ps)
+    except PlanMismatchError as exc:
+        raise ConfigError(f"plan {cfg.asp.plan_path} does not match this dataset: {exc}", path=path,
+                          key="asp.plan_path") from None
+
+
+def handler(args: argparse.Namespace) -> int:
+    from mindspeed_asp.runtime.driver import run_training
+
+    cfg = build_config(args.config, args.overrides, args.mode, args.out)
+    out = Path(cfg.run.out)
+    summary = run_training(cfg, out, progress=not args.quiet)
+    print(format_summary(summary, out))
+    return 0
+
+
+def format_summary(s: Dict[str, Any], out: Path) -> str:
+    keys = ["throughput/e2e_tps", "throughput/rollout_tps", "time/iteration", "time/weight_sync",
+            "bubble/padding", "bubble/skewness", "bubble/sorting", "lag/mean", "lag/max", "reward/final"]
+    lines = [f"run {out} ({s.get('mode')}, {s.get('steps')} updates)"]
+    for k in keys:
+        v = s.get(k)
+        lines.append(f"  {k:24s} {v:.4g}" if isinstance(v, (int, float)) else f"  {k:24s} {v}")
+    lines.append(f"  metrics: {out / 'metrics.jsonl'}  summary: {out / 'summary.json'}")
+    return "\n".join(lines)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="run the asynchronous runtime (stock / async / asp mode)",
+                              description=__doc__)
+    p.add_argument("--config", help="run config YAML (default: the packaged tiny_cpu.yaml)")
+    p.add_argument("--mode", choices=["stock", "async", "asp"], help="overrides asp.mode")
+    p.add_argument("--out", help="output directory (overrides run.out)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
+    p.set_defaults(func=handler)

@@ -1,0 +1,543 @@
+"""The run loop of the asynchronous runtime, one code path for the three modes (DESIGN.md section 6).
+
+- `stock`: MindSpeed-RL's default schedule. Iteration k takes the next M groups in dataset order, cuts them
+  into contiguous chunks (one per instance), waits for the slowest instance, trains, syncs weights.
+- `async`: multi-instance and bounded lag, no plan: groups go in dataset order to the least-loaded
+  instance whenever the max-lag counter admits them; the trainer consumes finished groups as they arrive.
+- `asp`: the same, but every window of groups is placed by the offline planner from the length history
+  (re-planned as observed lengths come in), each instance pulls its own plan queue, and an instance that
+  drains steals not-started groups from the most loaded queue.
+
+One driver process owns the dispatcher, the sample queue with the max-lag counter, the reference trainer
+and the sender of the weight-sync group; the rollout instances are Ray actors that generate in their own
+background loops while the driver polls them. Every trained sample's lag is audited and logged, each sync
+is verified by checksums, versions increase by one per update, and a dead instance's groups are
+re-dispatched to the others (the sync group is re-formed without it); no group is trained twice.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from mindspeed_asp.errors import AspError, WeightSyncError
+from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
+from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder
+from mindspeed_asp.runtime.run_config import RunConfig, dump_config
+
+POLL_S = 0.05
+
+
+class RunError(AspError):
+    """The run could not continue (instances failed to start, every instance died, a step timed out)."""
+
+
+@dataclass
+class _GroupInfo:
+    """What the driver knows about one group (gid = epoch * P + prompt index)."""
+
+    gid: int
+    epoch: int
+    prompt_index: int
+    dispatch_version: int = -1
+    window: int = 0
+
+
+@dataclass
+class StepHook:
+    """Called after every update with (driver, step record); tests use it to kill an instance mid-run."""
+
+    fn: Callable[["Driver", Dict[str, Any]], None]
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="train", unit="step", file=sys.stderr, disable=not enabled, leave=True,
+                dynamic_ncols=True)
+
+
+class Driver:
+    """Runs one training run of `cfg` (mode from `cfg.asp.mode`) and writes everything under `out_dir`."""
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path, progress: bool = True,
+                 after_step: Optional[Callable[["Driver", Dict[str, Any]], None]] = None,
+                 manage_ray: bool = True) -> None:
+        self.cfg = cfg
+        self.mode = cfg.asp.mode
+        self.max_lag = 0 if self.mode == "stock" else cfg.asp.max_lag
+        self.M = cfg.asp.minibatch_groups
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.progress = progress
+        self.after_step = after_step
+        self.manage_ray = manage_ray
+        self.instances: List[Any] = []
+        self.alive: List[bool] = []
+        self.version = 0
+        self.sync_rounds: List[Dict[str, Any]] = []
+        self.infos: Dict[int, _GroupInfo] = {}
+        self.results_by_gid: Dict[int, Any] = {}
+        self.trained_gids: List[int] = []
+
+    # ================================================================== setup
+    def _setup(self) -> None:
+        import ray
+
+        from mindspeed_asp.runtime import ray_utils
+        from mindspeed_asp.runtime.demo_task import DemoTask
+        from mindspeed_asp.runtime.platform import current_platform, platform_from_name
+        from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
+        from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
+        from mindspeed_asp.scheduler.types import PromptSet
+
+        cfg = self.cfg
+        self.platform = platform_from_name(cfg.run.platform) if cfg.run.platform else current_platform()
+        if cfg.model.tiny:
+            self.model_path = ensure_tiny_model(cfg.model.path, seed=cfg.run.seed)
+        else:
+            self.model_path = cfg.model.path
+            if not Path(self.model_path, "config.json").is_file():
+                raise RunError(f"model.path {self.model_path!r} is not an HF model directory (no config.json)")
+        self.task = DemoTask(cfg.data.num_prompts, seed=cfg.data.seed, max_new_tokens=cfg.data.max_new_tokens)
+        self.task.to_jsonl(self.out / "dataset.jsonl")
+        self.prompt_list = self.task.prompts()
+        self.P = len(self.prompt_list)
+        self.prompt_set = PromptSet(prompt_ids=np.array([p[0] for p in self.prompt_list], dtype=object),
+                                    prompt_lens=np.array([len(p[1]) for p in self.prompt_list], dtype=np.int64),
+                                    n=cfg.data.n, origin=str(self.out / "dataset.jsonl"))
+        self.controller = LagController(self.max_lag, self.M)
+        self.queue = SampleQueue(self.controller, stale_policy=cfg.asp.stale_policy)
+        capacity = None if self.mode == "stock" else max(1, math.ceil(cfg.asp.slots / cfg.data.n)) + 1
+        self.dispatcher = Dispatcher(MODE_POLICY[self.mode], cfg.asp.instances, capacity=capacity,
+                                     work_stealing=cfg.asp.work_stealing, clock=time.time)
+        self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
+                                    minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time)
+        self.planner = None
+        if self.mode == "asp":
+            from mindspeed_asp.runtime.replan import WindowPlanner
+
+            self.planner = WindowPlanner(cfg.asp, self.prompt_set, cfg.data.max_new_tokens, cfg.asp.instances,
+                                         rollout_log=self.out / "rollout_log.jsonl", seed=cfg.run.seed)
+        if self.manage_ray and not ray.is_initialized():
+            ray_utils.start_local_ray(num_cpus=cfg.run.ray_num_cpus, object_store_mb=cfg.run.ray_object_store_mb,
+                                      platform=self.platform)
+        self._start_instances()
+        from mindspeed_asp.runtime.trainer import GRPOTrainer
+
+        import torch
+
+        torch.set_num_threads(cfg.trainer.threads)
+        self.trainer = GRPOTrainer(self.model_path, lr=cfg.trainer.lr, clip_eps=cfg.trainer.clip_eps,
+                                   kl_coef=cfg.trainer.kl_coef, micro_batch_size=cfg.trainer.micro_batch_size,
+                                   seed=cfg.run.seed, max_grad_norm=cfg.trainer.max_grad_norm,
+                                   dtype=cfg.model.dtype)
+        self._open_sync_group()
+
+    def _engine_config(self):
+        from mindspeed_asp.runtime.types import EngineConfig
+
+        cfg = self.cfg
+        return EngineConfig(model_path=self.model_path, slots=cfg.asp.slots, max_model_len=cfg.model.max_model_len,
+                            dtype=cfg.model.dtype, gpu_memory_utilization=cfg.model.memory_fraction,
+                            seed=cfg.run.seed)
+
+    def _start_instances(self) -> None:
+        """Start instances one after the other (simultaneous vLLM starts once hung), each with a retry."""
+        from mindspeed_asp.runtime.instance import create_instance
+
+        import ray
+
+        cfg = self.cfg
+        for j in range(cfg.asp.instances):
+            last: Optional[BaseException] = None
+            for attempt in range(2):
+                actor = create_instance(j, self._engine_config(), platform=self.platform,
+                                        threads=cfg.run.instance_threads)
+                try:
+                    info = ray.get(actor.start.remote(), timeout=cfg.run.start_timeout_s)
+                    self.recorder.event("instance_started", instance=j, attempt=attempt,
+                                        seconds=float(info.get("start_seconds", 0.0)) if isinstance(info, dict) else 0.0)
+                    break
+                except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as exc:
+                    last = exc
+                    ray.kill(actor, no_restart=True)
+                    actor = None
+            if actor is None:
+                raise RunError(f"rollout instance {j} did not start within {cfg.run.start_timeout_s:.0f} s "
+                               f"(twice): {last}")
+            self.instances.append(actor)
+            self.alive.append(True)
+
+    def _open_sync_group(self) -> None:
+        """(Re-)form the weight-sync group over the live instances and push the trainer's weights (v0 check)."""
+        from mindspeed_asp.runtime.weight_sync import WeightSyncSender, init_weight_sync
+
+        if getattr(self, "sender", None) is not None:
+            self.sender.close()
+        live = [a for a, ok in zip(self.instances, self.alive) if ok]
+        self.sender = WeightSyncSender(self.platform, "127.0.0.1", world_size=1 + len(live))
+        init_weight_sync(self.sender, live)
+
+    # ================================================================== main loop
+    def run(self) -> Dict[str, Any]:
+        """Run `run.steps` updates; returns the summary dict (also written to summary.json)."""
+        import ray
+
+        from mindspeed_asp.runtime import ray_utils
+
+        started_ray = self.manage_ray and not ray.is_initialized()
+        try:
+            self._setup()
+            self._loop()
+            summary = self._finish()
+        finally:
+            self._shutdown()
+            if started_ray:
+                ray_utils.stop_local_ray()
+        return summary
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        self.next_gid = 0
+        self.window_index = 0
+        self.t_last_step = None
+        self.bar = _progress(cfg.run.steps, self.progress)
+        try:
+            while self.version < cfg.run.steps:
+                self._ensure_work_loaded()
+                self._dispatch()
+                got = self._poll()
+                if self._try_train():
+                    continue
+                if not got:
+                    self._wait_idle()
+        finally:
+            self.bar.close()
+
+    # ------------------------------------------------------------------ loading windows
+    def _needed_groups(self) -> int:
+        return self.cfg.run.steps * self.M + self.queue.dropped_stale
+
+    def _ensure_work_loaded(self) -> None:
+        """Stock: load iteration k's M groups once the previous iteration is trained. Streaming modes: keep
+        about one window queued ahead so instances never starve at a window boundary."""
+        if self.next_gid >= self._needed_groups():
+            return
+        if self.mode == "stock":
+            if self.dispatcher.idle() and self.queue.occupancy() == 0:
+                self._load(self.M)
+            return
+        window = self.cfg.asp.replan_every * self.M if self.cfg.asp.replan_every > 0 else self.P
+        capacity = (self.dispatcher.capacity or 1) * sum(self.alive)
+        if self.dispatcher.queued() < max(capacity, self.M):
+            self._load(window)
+
+    def _load(self, size: int) -> None:
+        size = min(size, self._needed_groups() - self.next_gid)
+        gids = list(range(self.next_gid, self.next_gid + size))
+        self.next_gid += size
+        for g in gids:
+            self.infos[g] = _GroupInfo(g, g // self.P, g % self.P, window=self.window_index)
+        if self.planner is not None:
+            plan = self.planner.plan(gids)
+            tickets = [Ticket(g, plan.predicted_tokens[g]) for g in gids]
+            self.minibatch_tag = getattr(self, "minibatch_tag", {})
+            self.minibatch_tag.update(plan.minibatch)
+            self.dispatcher.load_window(tickets, plan_queues=plan.queues)
+            self.recorder.event("plan", window=self.window_index, groups=len(gids),
+                                with_history=plan.with_history, planner=plan.planner)
+        else:
+            caps = {g: float(self.prompt_list[g % self.P][2]) for g in gids}
+            self.dispatcher.load_window([Ticket(g, caps[g]) for g in gids])
+        self.window_index += 1
+
+    # ------------------------------------------------------------------ dispatch and polling
+    def _accepted(self) -> int:
+        """Groups dispatched and still trainable (trained, queued or in flight)."""
+        return self.dispatcher.dispatched - self.queue.stale_total - self.dispatcher.redispatched
+
+    def _dispatch(self) -> None:
+        from mindspeed_asp.runtime.types import GroupRequest
+
+        for group in self.queue.take_stale():  # regenerate policy: back to the front, counted by the queue
+            gid = int(group.group_id.split(":")[0])
+            self.dispatcher.done.discard(gid)
+            self.dispatcher.requeue(gid, predicted=float(self.prompt_list[gid % self.P][2]))
+            self.recorder.event("regenerate", gid=gid)
+        budget = None if self.mode == "stock" else self.controller.budget(self._accepted(), self.version)
+        picks = self.dispatcher.fill(budget)
+        if not picks:
+            return
+        by_inst: Dict[int, List[Any]] = defaultdict(list)
+        for j, t in picks:
+            info = self.infos[t.gid]
+            info.dispatch_version = self.version
+            pid, ids, cap = self.prompt_list[info.prompt_index]
+            by_inst[j].append(GroupRequest(
+                group_id=f"{t.gid}:{t.attempt}", prompt_id=pid, prompt_token_ids=list(ids), n=self.cfg.data.n,
+                max_new_tokens=int(cap), temperature=self.cfg.data.temperature,
+                seed=self.cfg.run.seed * 1_000_003 + t.gid * 101 + t.attempt,
+                stop_token_ids=[self.task.eos_token_id],
+                minibatch=int(getattr(self, "minibatch_tag", {}).get(t.gid, -1))))
+        self._submit_times = getattr(self, "_submit_times", {})
+        for j, reqs in by_inst.items():
+            for r in reqs:
+                self._submit_times[r.group_id] = time.time()
+            try:
+                import ray
+
+                ray.get(self.instances[j].submit.remote(reqs), timeout=60)
+            except Exception as exc:  # noqa: BLE001 - any failure to reach the actor means it is gone
+                self._instance_died(j, exc)
+        for s in self.dispatcher.steals[len(getattr(self, "_logged_steals", [])):]:
+            self.recorder.event("steal", thief=s.thief, victim=s.victim, gid=s.gid)
+        self._logged_steals = list(self.dispatcher.steals)
+
+    def _poll(self) -> int:
+        """Collect finished groups from every live instance; returns how many arrived."""
+        import ray
+
+        live = [j for j, ok in enumerate(self.alive) if ok]
+        refs = {j: self.instances[j].drain_finished.remote() for j in live}
+        got = 0
+        for j, ref in refs.items():
+            try:
+                results = ray.get(ref, timeout=60)
+            except Exception as exc:  # noqa: BLE001
+                self._instance_died(j, exc)
+                continue
+            for res in results:
+                got += self._accept_result(j, res)
+        if got:
+            self.recorder.queue(self.queue.occupancy())
+        return got
+
+    def _accept_result(self, j: int, res: Any) -> int:
+        gid = int(str(res.group_id).split(":")[0])
+        if not self.dispatcher.on_finished(j, gid):
+            self.recorder.event("late_result_refused", instance=j, gid=gid)
+            return 0
+        info = self.infos[gid]
+        lengths = [len(s.token_ids) for s in res.samples]
+        span = GroupSpan(instance=j, gid=gid, submit=float(res.t_enqueued) - self.recorder.t0,
+                         start=float(res.t_started) - self.recorder.t0, end=float(res.t_finished) - self.recorder.t0,
+                         prompt_tokens=len(res.prompt_token_ids) * len(res.samples),
+                         response_tokens=int(sum(lengths)), sample_lengths=lengths,
+                         version=min(int(s.min_version) for s in res.samples),
+                         window=info.window if self.mode == "stock" else 0)
+        self.recorder.group(span)
+        self.spans = getattr(self, "spans", {})
+        self.spans[gid] = span
+        if self.planner is not None:
+            self.planner.observe(res.prompt_id, info.epoch, lengths, instance=j)
+        self.results_by_gid[gid] = res
+        self.queue.put(res)
+        return 1
+
+    def _instance_died(self, j: int, exc: BaseException) -> None:
+        if not self.alive[j]:
+            return
+        self.alive[j] = False
+        lost = self.dispatcher.on_instance_dead(j)
+        self.recorder.event("instance_died", instance=j, redispatched=len(lost), error=type(exc).__name__)
+        if not any(self.alive):
+            raise RunError(f"every rollout instance died (last: {exc})")
+        self._open_sync_group()
+
+    def _wait_idle(self) -> None:
+        """Nothing arrived and nothing to train: sleep a poll interval, counting starved trainer time."""
+        t0 = time.time()
+        time.sleep(POLL_S)
+        rollout_active = self.dispatcher.in_flight_count() > 0
+        if rollout_active:
+            self.recorder.trainer_starved(t0 - self.recorder.t0, time.time() - self.recorder.t0)
+        if self.t_last_step is not None and time.time() - self.t_last_step > self.cfg.run.step_timeout_s:
+            raise RunError(f"no update for {self.cfg.run.step_timeout_s:.0f} s (run.step_timeout_s): "
+                           f"{self.dispatcher.in_flight_count()} groups in flight, "
+                           f"{self.queue.occupancy()} queued")
+
+    # ------------------------------------------------------------------ training
+    def _must_wait(self) -> bool:
+        """A group in flight that would exceed max_lag after this update must be trained in it: wait."""
+        limit = self.version - self.max_lag
+        for q in self.dispatcher.in_flight:
+            for gid in q:
+                if self.infos[gid].dispatch_version <= limit:
+                    return True
+        return False
+
+    def _try_train(self) -> bool:
+        if self.t_last_step is None:
+            self.t_last_step = time.time()
+        if self.mode == "stock":
+            if not self.dispatcher.idle() or self.dispatcher.in_flight_count():
+                return False
+        elif self._must_wait():
+            return False
+        prefer = "plan_tag" if self.mode == "asp" else "oldest"
+        batch = self.queue.next_minibatch(self.version, self.M, prefer=prefer)
+        if batch is None:
+            return False
+        self._train(batch)
+        return True
+
+    def _train(self, batch: List[Any]) -> None:
+        step = self.version
+        t_ready = time.time()
+        rewards = [[self.task.reward(g.prompt_id, s.token_ids) for s in g.samples] for g in batch]
+        stats = self.trainer.train_step(batch, rewards)
+        t_trained = time.time()
+        live = [a for a, ok in zip(self.instances, self.alive) if ok]
+        sync = self._sync(live)
+        self.version = self.trainer.version
+        if self.version != step + 1:
+            raise RunError(f"trainer version {self.version} after update {step}: versions must grow by one")
+        t_end = time.time()
+        lags = self.queue.log_rows[-1].lags
+        gids = [int(str(g.group_id).split(":")[0]) for g in batch]
+        for g in gids:
+            self.spans[g].trained = True
+        self.trained_gids.extend(gids)
+        iter_s = t_end - self.t_last_step
+        tokens = int(stats["tokens_total"])
+        devices = sum(self.alive)
+        rec = {
+            "step": step, "version": self.version, "t_end": t_end - self.recorder.t0,
+            "time/iteration": iter_s, "time/rollout": t_ready - self.t_last_step,
+            "time/train": t_trained - t_ready, "time/weight_sync": sync.get("seconds", 0.0),
+            "tokens/trained": tokens, "tokens/response": int(stats["tokens"]),
+            "throughput/e2e_tps": tokens / (devices * iter_s) if iter_s > 0 else 0.0,
+            "reward/mean": float(np.mean([r for rs in rewards for r in rs])),
+            "loss": float(stats["loss"]), "grad_norm": float(stats["grad_norm"]),
+            "clip_frac": float(stats["clip_frac"]), "kl": float(stats["kl"]),
+            "bubble/padding_train": float(stats["bubble/padding_train"]),
+            "response_len/mean": float(stats["response_len_mean"]),
+            "queue/groups": self.queue.occupancy(), "in_flight": self.dispatcher.in_flight_count(),
+            "weights/verified": bool(sync.get("verified", False)),
+            "gids": gids, **{k: v for k, v in self.queue.counters().items() if k != "queue/occupancy"},
+        }
+        self.recorder.log_step(rec, lags)
+        self.recorder.queue(self.queue.occupancy())
+        self.t_last_step = t_end
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{rec['reward/mean']:.3f}", lag=max(lags) if lags else 0,
+                             queue=rec["queue/groups"], tps=f"{tokens / max(iter_s, 1e-9):.0f}")
+        if self.after_step is not None:
+            self.after_step(self, rec)
+
+    def _sync(self, live: Sequence[Any]) -> Dict[str, Any]:
+        """Push the new weights to every live instance and verify them; a dead instance re-forms the group."""
+        from mindspeed_asp.runtime.weight_sync import sync_weights
+
+        version = self.trainer.version
+        for attempt in range(2):
+            try:
+                stats = sync_weights(self.sender, live, version, self.trainer.named_weights())
+                break
+            except WeightSyncError as exc:
+                dead = self._find_dead()
+                if not dead or attempt == 1:
+                    raise
+                for j in dead:
+                    self._instance_died(j, exc)
+                live = [a for a, ok in zip(self.instances, self.alive) if ok]
+        if self.cfg.run.verify_weights and not stats.verified:
+            raise WeightSyncError(f"weight sync to version {version} was not verified")
+        row = {"version": version, "seconds": stats.seconds, "bytes": stats.bytes, "verified": stats.verified,
+               "instances": len(live)}
+        self.sync_rounds.append(row)
+        return row
+
+    def _find_dead(self) -> List[int]:
+        import ray
+
+        dead = []
+        for j, ok in enumerate(self.alive):
+            if not ok:
+                continue
+            try:
+                ray.get(self.instances[j].status.remote(), timeout=30)
+            except Exception:  # noqa: BLE001
+                dead.append(j)
+        return dead
+
+    # ================================================================== finish
+    def _finish(self) -> Dict[str, Any]:
+        import ray
+
+        steps = {}
+        for j, ok in enumerate(self.alive):
+            if ok:
+                try:
+                    st = ray.get(self.instances[j].status.remote(), timeout=30)
+                    steps[j] = int(st.get("steps", 0))
+                except Exception:  # noqa: BLE001
+                    pass
+        if steps and len(steps) == len(self.instances):
+            self.recorder.decode_steps = steps
+        if self.planner is not None:
+            self.planner.save_history(self.out / "length_history.jsonl")
+        sync_s = [r["seconds"] for r in self.sync_rounds]
+        extra = {
+            "config": dump_config(self.cfg), "platform": self.platform.kind,
+            "weight_sync/rounds": len(self.sync_rounds),
+            "weight_sync/verified_all": all(r["verified"] for r in self.sync_rounds),
+            "weight_sync/mean_s": float(np.mean(sync_s)) if sync_s else 0.0,
+            "versions": [r["version"] for r in self.sync_rounds],
+            "trained_groups": len(self.trained_gids),
+            "trained_unique": len(set(self.trained_gids)),
+            "steals": len(self.dispatcher.steals), "redispatched": self.dispatcher.redispatched,
+            "instances_alive": int(sum(self.alive)),
+            "memory/peak_rss_gib": _peak_rss_gib(),
+            **self.queue.counters(),
+        }
+        summary = self.recorder.write(extra)
+        if self.cfg.run.plots:
+            from mindspeed_asp.runtime.run_plots import plot_run
+
+            plot_run(self.out)
+        return summary
+
+    def _shutdown(self) -> None:
+        import ray
+
+        if getattr(self, "sender", None) is not None:
+            try:
+                self.sender.close()
+            except Exception:  # noqa: BLE001
+                pass
+        for j, a in enumerate(self.instances):
+            if self.alive[j]:
+                try:
+                    ray.get(a.shutdown.remote(), timeout=60)
+                except Exception:  # noqa: BLE001
+                    pass
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        if hasattr(self, "recorder"):
+            self.recorder.close()
+
+
+def _peak_rss_gib() -> float:
+    """Peak resident memory of this driver process and its Ray workers on this node (GiB), best effort."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return own / (1 << 20)
+
+
+def run_training(cfg: RunConfig, out_dir: str | Path, progress: bool = True,
+                 after_step: Optional[Callable[[Driver, Dict[str, Any]], None]] = None,
+                 manage_ray: bool = True) -> Dict[str, Any]:
+    """Run one training run and return its summary (see Driver)."""
+    return Driver(cfg, out_dir, progress=progress, after_step=after_step, manage_ray=manage_ray).run()

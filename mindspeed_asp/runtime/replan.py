@@ -1,0 +1,107 @@
+"""Adaptivity: observed response lengths flow into the length history and the next window is re-planned.
+
+The runtime generates an epoch window by window. Every finished group is appended to a rollout log (JSON
+Lines, the format `LengthHistory.append_rollout_log` reads) and to the in-memory history; when the
+dispatcher needs the next window, `WindowPlanner.plan` estimates that window's lengths from the history as it
+is now (so epoch e+1 is planned with what epoch e just showed, and the policy's length drift is followed)
+and asks the configured planner (DESIGN.md section 4) for per-instance queues and minibatch tags.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from mindspeed_asp.config import AspSection
+from mindspeed_asp.scheduler.types import CostModel, InstanceSpec, PlanningProblem, PromptSet
+
+
+@dataclass
+class WindowPlan:
+    """The plan of one window: per-instance ordered gids, predicted group tokens and minibatch tags."""
+
+    queues: List[List[int]]
+    predicted_tokens: Dict[int, float]
+    minibatch: Dict[int, int]
+    planner: str
+    with_history: int  # groups of this window whose prompt had history when planned
+    params: Dict[str, float] = field(default_factory=dict)
+
+
+def cost_from_section(asp: AspSection) -> CostModel:
+    """The cost model of the `asp.cost` section (a fitted JSON file wins over the inline numbers)."""
+    c = asp.cost
+    if c.file:
+        data = json.loads(Path(c.file).read_text())
+        return CostModel(a=float(data["a"]), b=float(data["b"]), c=float(data["c"]), p=float(data.get("p", 0.0)),
+                         source=str(c.file))
+    return CostModel(a=c.a, b=c.b, c=c.c, p=c.p, source="asp.cost section")
+
+
+class WindowPlanner:
+    """Keeps the length history of a run and plans each window from it.
+
+    `prompts` is one epoch's PromptSet (row i = prompt i); a window is given as gids
+    `epoch * len(prompts) + i`.
+    """
+
+    def __init__(self, asp: AspSection, prompts: PromptSet, max_new_tokens: int, instances: int,
+                 rollout_log: Optional[Path] = None, history=None, cost: Optional[CostModel] = None,
+                 seed: int = 0) -> None:
+        from mindspeed_asp.scheduler.estimators import make_estimator
+        from mindspeed_asp.scheduler.history import LengthHistory
+        from mindspeed_asp.scheduler.planners import get_planner
+
+        self.asp = asp
+        self.prompts = prompts
+        self.max_new_tokens = int(max_new_tokens)
+        self.instances = int(instances)
+        self.history = history if history is not None else LengthHistory()
+        if asp.history_path and Path(asp.history_path).is_file() and history is None:
+            self.history = LengthHistory.load(asp.history_path)
+        self.estimator = make_estimator(asp.estimator)
+        self.planner = get_planner(asp.planner)
+        self.cost = cost or cost_from_section(asp)
+        self.rollout_log = Path(rollout_log) if rollout_log else None
+        self.rng = np.random.default_rng(seed)
+        self.observed = 0
+        self.windows: List[WindowPlan] = []
+
+    def observe(self, prompt_id: str, epoch: int, lengths: Sequence[int], **extra) -> None:
+        """Record one finished group's response lengths (history + rollout log line)."""
+        lengths = [int(x) for x in lengths]
+        self.history.add(str(prompt_id), int(epoch), lengths)
+        self.observed += 1
+        if self.rollout_log is not None:
+            with open(self.rollout_log, "a") as fh:
+                fh.write(json.dumps({"prompt_id": str(prompt_id), "epoch": int(epoch),
+                                     "response_lengths": lengths, **extra}) + "\n")
+
+    def plan(self, gids: Sequence[int], rho: float = 1.0) -> WindowPlan:
+        """Estimate the window's lengths from the current history and place it on the instances."""
+        P = len(self.prompts)
+        rows = np.asarray([g % P for g in gids], dtype=np.int64)
+        sub = self.prompts.subset(rows)
+        est = self.estimator.estimate(sub, self.history if len(self.history) else None, self.max_new_tokens)
+        problem = PlanningProblem(prompts=sub, estimate=est, instances=self.instances,
+                                  spec=InstanceSpec(slots=self.asp.slots, kv_budget=self.asp.kv_budget_tokens),
+                                  minibatch=self.asp.minibatch_groups, cost=self.cost,
+                                  max_new_tokens=self.max_new_tokens, rho=float(self.asp.rho or rho),
+                                  seed=int(self.rng.integers(1 << 31)))
+        assignment = self.planner(problem, self.rng)
+        assignment.validate(len(gids))
+        pred = est.sample_lengths(sub.n).sum(axis=1)
+        plan = WindowPlan(
+            queues=[[int(gids[i]) for i in order] for order in assignment.orders],
+            predicted_tokens={int(gids[i]): float(pred[i]) for i in range(len(gids))},
+            minibatch={int(gids[i]): int(assignment.minibatch[i]) for i in range(len(gids))},
+            planner=assignment.planner, with_history=int(np.sum(est.has_history)),
+            params=dict(assignment.params))
+        self.windows.append(plan)
+        return plan
+
+    def save_history(self, path: Path) -> None:
+        self.history.save(path)
