@@ -1,0 +1,431 @@
+"""The length history: observed response lengths per prompt id and epoch.
+
+The same prompt is sampled every epoch in RL, and its earlier lengths are the best cheap predictor of its next
+ones (DESIGN.md section 4). The store is columnar (one record = prompt id, epoch, the n observed lengths) and
+kept as flat numpy arrays, so 10^5 prompts x several epochs load, merge and gather in well under a second.
+
+File formats, chosen by suffix:
+
+- ``.parquet``: columns ``prompt_id`` (string), ``epoch`` (int64), ``lengths`` (list<int64>).
+- ``.jsonl``: one record per line, ``{"prompt_id": "17", "epoch": 3, "lengths": [812, 1033, ...]}``.
+
+Rollout logs (what the runtime writes while it generates) are JSON Lines with one finished group per line:
+``{"prompt_id": "17", "epoch": 3, "response_lengths": [812, 1033, ...], ...}``; other keys are ignored.
+``append_rollout_log`` merges them: lines with the same (prompt_id, epoch), for example a group split over
+instances or regenerated after a lag violation, are concatenated into one record. A saved history file must
+instead hold each (prompt_id, epoch) once; a duplicate there is reported with its line.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from mindspeed_asp.errors import InputError
+
+SCHEMA_VERSION = 1
+PathLike = Union[str, Path]
+
+
+@dataclass(frozen=True)
+class HistorySamples:
+    """Flat, vectorised view of the history of a list of prompts: one row per observed sample.
+
+    `group[k]` is the index of the prompt (in the order asked for) that sample k belongs to, `epoch[k]` its
+    epoch, `length[k]` its length, `record[k]` the index of its (prompt, epoch) record inside this view
+    (records are numbered in (group, epoch) order; `record_group`/`record_epoch` describe them).
+    """
+
+    group: np.ndarray  # int64 [S]
+    epoch: np.ndarray  # int64 [S]
+    length: np.ndarray  # int64 [S]
+    record: np.ndarray  # int64 [S]
+    record_group: np.ndarray  # int64 [R]
+    record_epoch: np.ndarray  # int64 [R]
+    num_groups: int
+
+    def counts(self) -> np.ndarray:
+        """Number of observed samples per prompt, [num_groups]."""
+        return np.bincount(self.group, minlength=self.num_groups)
+
+
+def _segment_gather(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Flat value indexes of the segments `rows` of a CSR layout, in the order given."""
+    starts = offsets[rows]
+    counts = offsets[rows + 1] - starts
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+class LengthHistory:
+    """Observed response lengths keyed by (prompt id, epoch); each key holds the group's n lengths."""
+
+    def __init__(self) -> None:
+        self._pid = np.zeros(0, dtype=object)
+        self._epoch = np.zeros(0, dtype=np.int64)
+        self._offsets = np.zeros(1, dtype=np.int64)
+        self._values = np.zeros(0, dtype=np.int64)
+        self._pending: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._index: Optional[Dict[str, Tuple[int, int]]] = None
+
+    # ------------------------------------------------------------------ building
+    def add(self, prompt_id: str, epoch: int, lengths: Sequence[int]) -> None:
+        """Record one group's observed lengths; a repeated (prompt_id, epoch) is merged (concatenated)."""
+        arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        _check_record(prompt_id, epoch, arr)
+        self._pending.append((np.array([str(prompt_id)], dtype=object), np.array([int(epoch)], dtype=np.int64),
+                              np.array([0, len(arr)], dtype=np.int64), arr))
+        self._index = None
+
+    def add_epoch(self, prompt_ids: Sequence[str], epoch: int, lengths: np.ndarray) -> None:
+        """Record a whole epoch at once: `lengths` is [G, n] for the G prompt ids (vectorised add)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.ndim != 2 or lengths.shape[0] != len(prompt_ids):
+            raise ValueError(f"lengths must be [G={len(prompt_ids)}, n], got shape {lengths.shape}")
+        if lengths.shape[1] == 0:
+            raise ValueError("each group needs at least one length")
+        if (lengths < 0).any():
+            raise ValueError("lengths must be >= 0")
+        if int(epoch) < 0:
+            raise ValueError("epoch must be >= 0")
+        G, n = lengths.shape
+        pids = np.array([str(p) for p in prompt_ids], dtype=object)
+        self._pending.append((pids, np.full(G, int(epoch), dtype=np.int64),
+                              np.arange(G + 1, dtype=np.int64) * n, lengths.reshape(-1)))
+        self._index = None
+
+    def extend(self, other: "LengthHistory") -> None:
+        """Merge another history into this one (same keys are concatenated)."""
+        other._consolidate()
+        self._pending.append((other._pid, other._epoch, other._offsets, other._values))
+        self._index = None
+
+    def _consolidate(self) -> None:
+        """Fold pending additions into the sorted, key-unique arrays (vectorised sort and merge)."""
+        if not self._pending:
+            return
+        parts = [(self._pid, self._epoch, self._offsets, self._values)] + self._pending
+        self._pending = []
+        pid = np.concatenate([p[0] for p in parts])
+        epoch = np.concatenate([p[1] for p in parts])
+        counts = np.concatenate([np.diff(p[2]) for p in parts])
+        values = np.concatenate([p[3][p[2][0]:p[2][-1]] for p in parts])
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        uniq, code = np.unique(pid.astype(str), return_inverse=True)
+        code = code.reshape(-1)
+        order = np.lexsort((np.arange(len(pid)), epoch, code))  # stable: earlier additions first
+        code_s, epoch_s = code[order], epoch[order]
+        new_key = np.ones(len(order), dtype=bool)
+        new_key[1:] = (code_s[1:] != code_s[:-1]) | (epoch_s[1:] != epoch_s[:-1])
+        key_of = np.cumsum(new_key) - 1
+        values = values[_segment_gather(offsets, order)]
+        seg_counts = counts[order]
+        key_counts = np.bincount(key_of, weights=seg_counts, minlength=int(new_key.sum())).astype(np.int64)
+        self._pid = uniq[code_s[new_key]].astype(object)
+        self._epoch = epoch_s[new_key]
+        self._offsets = np.concatenate(([0], np.cumsum(key_counts))).astype(np.int64)
+        self._values = values
+
+    # ------------------------------------------------------------------ reading
+    def __len__(self) -> int:
+        """Number of (prompt id, epoch) records."""
+        self._consolidate()
+        return len(self._pid)
+
+    @property
+    def num_samples(self) -> int:
+        self._consolidate()
+        return len(self._values)
+
+    def epochs(self) -> List[int]:
+        """Sorted distinct epochs present."""
+        self._consolidate()
+        return [int(e) for e in np.unique(self._epoch)]
+
+    def latest_epoch(self) -> Optional[int]:
+        """The largest epoch present, or None for an empty history."""
+        self._consolidate()
+        return int(self._epoch.max()) if len(self._epoch) else None
+
+    def prompt_ids(self) -> np.ndarray:
+        """Distinct prompt ids present (sorted, object array of str)."""
+        self._consolidate()
+        return np.unique(self._pid.astype(str)).astype(object) if len(self._pid) else np.zeros(0, dtype=object)
+
+    def records(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The columnar table as (prompt_id [R], epoch [R], offsets [R+1], values [S]), sorted by key."""
+        self._consolidate()
+        return self._pid, self._epoch, self._offsets, self._values
+
+    def _ranges(self) -> Dict[str, Tuple[int, int]]:
+        """prompt id -> [first, last) record rows (records of a prompt are contiguous, epoch-sorted)."""
+        self._consolidate()
+        if self._index is None:
+            pid = self._pid.astype(str)
+            if len(pid) == 0:
+                self._index = {}
+            else:
+                starts = np.flatnonzero(np.concatenate(([True], pid[1:] != pid[:-1])))
+                ends = np.concatenate((starts[1:], [len(pid)]))
+                self._index = dict(zip(pid[starts].tolist(), zip(starts.tolist(), ends.tolist())))
+        return self._index
+
+    def gather(self, prompt_ids: Sequence[str], max_epochs: Optional[int] = None,
+               before_epoch: Optional[int] = None) -> HistorySamples:
+        """All samples of the given prompts as flat arrays (see HistorySamples).
+
+        `max_epochs` keeps each prompt's most recent k epochs; `before_epoch` drops epochs >= it (for
+        back-testing: predict epoch e from what was known before it).
+        """
+        index = self._ranges()
+        rows: List[np.ndarray] = []
+        groups: List[np.ndarray] = []
+        for g, pid in enumerate(map(str, prompt_ids)):
+            rng = index.get(pid)
+            if rng is None:
+                continue
+            r = np.arange(rng[0], rng[1], dtype=np.int64)
+            if before_epoch is not None:
+                r = r[self._epoch[r] < before_epoch]
+            if max_epochs is not None and len(r) > max_epochs:
+                r = r[-max_epochs:]
+            if len(r):
+                rows.append(r)
+                groups.append(np.full(len(r), g, dtype=np.int64))
+        rec_rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        rec_group = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
+        counts = self._offsets[rec_rows + 1] - self._offsets[rec_rows]
+        idx = _segment_gather(self._offsets, rec_rows)
+        rec_of_sample = np.repeat(np.arange(len(rec_rows), dtype=np.int64), counts)
+        return HistorySamples(group=rec_group[rec_of_sample], epoch=self._epoch[rec_rows][rec_of_sample],
+                              length=self._values[idx], record=rec_of_sample, record_group=rec_group,
+                              record_epoch=self._epoch[rec_rows], num_groups=len(prompt_ids))
+
+    def lengths_for(self, prompt_ids: Sequence[str]) -> List[Dict[int, np.ndarray]]:
+        """Per prompt (in the order given) a mapping epoch -> observed lengths; empty for unseen prompts."""
+        index = self._ranges()
+        out: List[Dict[int, np.ndarray]] = []
+        for pid in map(str, prompt_ids):
+            rng = index.get(pid)
+            d: Dict[int, np.ndarray] = {}
+            if rng is not None:
+                for r in range(rng[0], rng[1]):
+                    d[int(self._epoch[r])] = self._values[self._offsets[r]:self._offsets[r + 1]].copy()
+            out.append(d)
+        return out
+
+    def epoch_matrix(self, prompt_ids: Sequence[str], epoch: int, n: Optional[int] = None) -> np.ndarray:
+        """Lengths of one epoch as a [G, n] int array (-1 where a prompt has no record or fewer samples)."""
+        view = self.gather(prompt_ids, before_epoch=epoch + 1)
+        keep = view.epoch == epoch
+        if n is None:
+            n = int(np.bincount(view.record[keep]).max()) if keep.any() else 1
+        out = np.full((len(prompt_ids), n), -1, dtype=np.int64)
+        rec = view.record[keep]
+        if len(rec):
+            first = np.searchsorted(rec, rec, side="left")
+            pos = np.arange(len(rec)) - first
+            ok = pos < n
+            out[view.group[keep][ok], pos[ok]] = view.length[keep][ok]
+        return out
+
+    # ------------------------------------------------------------------ files
+    def to_arrow(self):
+        """The records as a pyarrow Table (prompt_id, epoch, lengths list)."""
+        import pyarrow as pa
+
+        self._consolidate()
+        lengths = pa.ListArray.from_arrays(pa.array(self._offsets, type=pa.int32() if len(self._values) < 2**31
+                                                    else pa.int64()), pa.array(self._values, type=pa.int64()))
+        if lengths.type != pa.list_(pa.int64()):
+            lengths = lengths.cast(pa.list_(pa.int64()))
+        table = pa.table({"prompt_id": pa.array(self._pid.astype(str).tolist(), type=pa.string()),
+                          "epoch": pa.array(self._epoch, type=pa.int64()), "lengths": lengths})
+        return table.replace_schema_metadata({"mindspeed_asp.length_history": str(SCHEMA_VERSION)})
+
+    def save(self, path: PathLike) -> None:
+        """Write to `.parquet` or `.jsonl` (chosen by suffix)."""
+        path = Path(path)
+        kind = _kind(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(self.to_arrow(), str(path))
+            return
+        self._consolidate()
+        with path.open("w") as fh:
+            for r in range(len(self._pid)):
+                vals = self._values[self._offsets[r]:self._offsets[r + 1]].tolist()
+                fh.write(json.dumps({"prompt_id": str(self._pid[r]), "epoch": int(self._epoch[r]),
+                                     "lengths": vals}) + "\n")
+
+    @classmethod
+    def load(cls, path: PathLike) -> "LengthHistory":
+        """Read a history file written by `save` (or by hand); errors name the file and line or row."""
+        path = Path(path)
+        kind = _kind(path)
+        if not path.is_file():
+            raise InputError("length history file not found", path=str(path))
+        hist = cls()
+        if kind == "parquet":
+            hist._load_parquet(path)
+        else:
+            hist._read_jsonl(path, lengths_keys=("lengths", "response_lengths"), allow_duplicates=False)
+        return hist
+
+    def append_rollout_log(self, path: PathLike) -> int:
+        """Merge a runtime rollout log (JSON Lines, see module doc); returns the number of groups read."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputError("rollout log not found", path=str(path))
+        return self._read_jsonl(path, lengths_keys=("response_lengths", "lengths"), allow_duplicates=True)
+
+    def _read_jsonl(self, path: Path, lengths_keys: Tuple[str, ...], allow_duplicates: bool) -> int:
+        pids: List[str] = []
+        epochs: List[int] = []
+        counts: List[int] = []
+        values: List[int] = []
+        lines: List[int] = []
+        with path.open() as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=lineno) from None
+                if not isinstance(rec, dict):
+                    raise InputError("each line must be a JSON object", path=str(path), line=lineno)
+                pid, epoch, lens = _parse_record(rec, lengths_keys, str(path), lineno)
+                pids.append(pid)
+                epochs.append(epoch)
+                counts.append(len(lens))
+                values.extend(lens)
+                lines.append(lineno)
+        if not pids:
+            return 0
+        pid_arr = np.array(pids, dtype=object)
+        ep_arr = np.array(epochs, dtype=np.int64)
+        if not allow_duplicates:
+            _check_unique_keys(pid_arr, ep_arr, np.array(lines), str(path))
+        self._pending.append((pid_arr, ep_arr, np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
+                              np.array(values, dtype=np.int64)))
+        self._index = None
+        return len(pids)
+
+    def _load_parquet(self, path: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(str(path))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"not a readable Parquet file ({exc})", path=str(path)) from None
+        for col in ("prompt_id", "epoch", "lengths"):
+            if col not in table.column_names:
+                raise InputError("missing column", path=str(path), key=col)
+        pid = np.array(table.column("prompt_id").to_pylist(), dtype=object)
+        if any(p is None for p in pid):
+            row = int(np.flatnonzero([p is None for p in pid])[0])
+            raise InputError(f"row {row + 1}: prompt_id is null", path=str(path), key="prompt_id")
+        pid = np.array([str(p) for p in pid], dtype=object)
+        epoch_col = table.column("epoch").combine_chunks()
+        if epoch_col.null_count:
+            row = int(np.flatnonzero(np.asarray(epoch_col.is_null()))[0])
+            raise InputError(f"row {row + 1}: epoch is null", path=str(path), key="epoch")
+        epoch = np.asarray(epoch_col.to_numpy(zero_copy_only=False)).astype(np.int64)
+        lens = table.column("lengths").combine_chunks()
+        if lens.null_count:
+            row = int(np.flatnonzero(np.asarray(lens.is_null()))[0])
+            raise InputError(f"row {row + 1}: lengths is null", path=str(path), key="lengths")
+        offsets = np.asarray(lens.offsets.to_numpy(), dtype=np.int64)
+        values = np.asarray(lens.flatten().to_numpy(zero_copy_only=False))
+        if values.dtype.kind == "f":
+            raise InputError("lengths must be integers", path=str(path), key="lengths")
+        values = values.astype(np.int64)
+        offsets = offsets - offsets[0]
+        bad = np.flatnonzero(epoch < 0)
+        if len(bad):
+            raise InputError(f"row {bad[0] + 1}: negative epoch {epoch[bad[0]]}", path=str(path), key="epoch")
+        if len(values) and (values < 0).any():
+            row = int(np.searchsorted(offsets, int(np.flatnonzero(values < 0)[0]), side="right") - 1)
+            raise InputError(f"row {row + 1}: negative length", path=str(path), key="lengths")
+        empty = np.flatnonzero(np.diff(offsets) == 0)
+        if len(empty):
+            raise InputError(f"row {empty[0] + 1}: empty lengths list", path=str(path), key="lengths")
+        _check_unique_keys(pid, epoch, None, str(path))
+        self._pending.append((pid, epoch, offsets, values))
+        self._index = None
+
+
+def _kind(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    raise InputError("length history must end in .parquet or .jsonl", path=str(path))
+
+
+def _check_record(prompt_id, epoch, arr: np.ndarray) -> None:
+    if isinstance(epoch, bool) or int(epoch) != epoch or int(epoch) < 0:
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+    if arr.size == 0:
+        raise ValueError(f"prompt {prompt_id!r} epoch {epoch}: at least one length is needed")
+    if (arr < 0).any():
+        raise ValueError(f"prompt {prompt_id!r} epoch {epoch}: lengths must be >= 0")
+
+
+def _parse_record(rec: dict, lengths_keys: Tuple[str, ...], path: str, line: int) -> Tuple[str, int, List[int]]:
+    """Validate one JSON record into (prompt_id, epoch, lengths), naming the line and key on error."""
+    pid = rec.get("prompt_id", rec.get("id"))
+    if pid is None or isinstance(pid, (list, dict, bool)):
+        raise InputError("missing or invalid prompt id", path=path, line=line, key="prompt_id")
+    epoch = rec.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        raise InputError("missing or non-integer epoch", path=path, line=line, key="epoch")
+    if epoch < 0:
+        raise InputError(f"negative epoch {epoch}", path=path, line=line, key="epoch")
+    key = next((k for k in lengths_keys if k in rec), None)
+    if key is None:
+        raise InputError("missing lengths", path=path, line=line, key=lengths_keys[0])
+    lens = rec[key]
+    if not isinstance(lens, list) or not lens:
+        raise InputError("lengths must be a non-empty list", path=path, line=line, key=key)
+    for v in lens:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise InputError(f"length {v!r} is not an integer", path=path, line=line, key=key)
+        if v < 0:
+            raise InputError(f"negative length {v}", path=path, line=line, key=key)
+    return str(pid), epoch, lens
+
+
+def _check_unique_keys(pid: np.ndarray, epoch: np.ndarray, lines: Optional[np.ndarray], path: str) -> None:
+    """Refuse a file holding the same (prompt_id, epoch) twice, naming the second occurrence."""
+    if len(pid) < 2:
+        return
+    _, code = np.unique(pid.astype(str), return_inverse=True)
+    code = code.reshape(-1)
+    order = np.lexsort((np.arange(len(pid)), epoch, code))
+    dup = (code[order][1:] == code[order][:-1]) & (epoch[order][1:] == epoch[order][:-1])
+    if dup.any():
+        second = order[1:][dup].min()
+        where = dict(line=int(lines[second])) if lines is not None else {}
+        prefix = "" if lines is not None else f"row {second + 1}: "
+        raise InputError(f"{prefix}duplicate record for prompt {pid[second]!r} epoch {int(epoch[second])}",
+                         path=path, key="prompt_id", **where)
+
+
+def histories_from_epochs(prompt_ids: Sequence[str], epochs: Iterable[Tuple[int, np.ndarray]]) -> LengthHistory:
+    """Build a history from (epoch, [G, n] lengths) pairs for a fixed list of prompt ids."""
+    hist = LengthHistory()
+    for epoch, mat in epochs:
+        hist.add_epoch(prompt_ids, epoch, mat)
+    return hist

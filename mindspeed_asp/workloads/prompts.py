@@ -1,0 +1,143 @@
+"""Prompt datasets as the scheduler sees them: ids and prompt lengths, read from JSON Lines.
+
+The planner only needs each prompt's id (to find its length history) and its prompt length (prefill and KV
+cost); the text stays with the trainer. One line per prompt:
+
+    {"prompt_id": "17", "prompt_len": 231, "source": "math"}
+    {"id": 18, "prompt_token_ids": [151644, 872, ...]}
+
+`prompt_id` (or `id`) is required and unique; `prompt_len` or `prompt_token_ids` gives the length; `source`
+is optional (a cold-start feature). Every malformed line stops the load with the file and line named.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from mindspeed_asp.errors import InputError
+from mindspeed_asp.scheduler.types import PromptSet
+
+PathLike = Union[str, Path]
+
+
+def iter_json_records(path: PathLike) -> Iterator[Tuple[int, object]]:
+    """Yield (line number, record) from a JSON Lines file or a JSON array file, naming bad lines.
+
+    A file whose first non-blank character is '[' is read as one JSON array, element by element, so each
+    record still carries the line it starts on.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("file not found", path=str(path))
+    text = path.read_text()
+    stripped = text.lstrip()
+    if not stripped.startswith("["):
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=lineno) from None
+        return
+    decoder = json.JSONDecoder()
+    pos = len(text) - len(stripped) + 1
+    line = 1 + text.count("\n", 0, pos)
+    last = pos
+    n = len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n":
+            pos += 1
+        if pos < n and text[pos] == "]":
+            break
+        line += text.count("\n", last, pos)
+        last = pos
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
+        yield line, obj
+        pos = end
+        while pos < n and text[pos] in " \t\r\n":
+            pos += 1
+        if pos < n and text[pos] == ",":
+            pos += 1
+        elif pos < n and text[pos] == "]":
+            break
+        else:
+            bad = 1 + text.count("\n", 0, min(pos, n))
+            raise InputError("expected ',' or ']' in JSON array", path=str(path), line=bad)
+
+
+def _int_field(rec: dict, key: str, path: str, line: int) -> int:
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise InputError(f"{key} must be an integer, got {v!r}", path=path, line=line, key=key)
+    v = int(v)
+    if v < 0:
+        raise InputError(f"negative length {v}", path=path, line=line, key=key)
+    return v
+
+
+def load_prompt_set(path: PathLike, n: int = 8) -> PromptSet:
+    """Read a prompt dataset (JSON Lines, see module doc) into a PromptSet with n samples per prompt."""
+    spath = str(path)
+    ids: List[str] = []
+    lens: List[int] = []
+    sources: List[Optional[str]] = []
+    seen = {}
+    for line, rec in iter_json_records(path):
+        if not isinstance(rec, dict):
+            raise InputError("each line must be a JSON object", path=spath, line=line)
+        key = "prompt_id" if "prompt_id" in rec else "id"
+        pid = rec.get(key)
+        if pid is None or isinstance(pid, (list, dict, bool)):
+            raise InputError("missing or invalid prompt id", path=spath, line=line, key="prompt_id")
+        pid = str(pid)
+        if pid in seen:
+            raise InputError(f"duplicate prompt id {pid!r} (first on line {seen[pid]})", path=spath, line=line,
+                             key=key)
+        seen[pid] = line
+        if "prompt_len" in rec:
+            plen = _int_field(rec, "prompt_len", spath, line)
+        elif "prompt_token_ids" in rec:
+            toks = rec["prompt_token_ids"]
+            if not isinstance(toks, list):
+                raise InputError("prompt_token_ids must be a list", path=spath, line=line, key="prompt_token_ids")
+            plen = len(toks)
+        else:
+            raise InputError("missing prompt length", path=spath, line=line, key="prompt_len")
+        src = rec.get("source")
+        if src is not None and not isinstance(src, str):
+            raise InputError("source must be a string", path=spath, line=line, key="source")
+        ids.append(pid)
+        lens.append(plen)
+        sources.append(src)
+    if not ids:
+        raise InputError("no prompts in file", path=spath)
+    has_src = any(s is not None for s in sources)
+    return PromptSet(prompt_ids=np.array(ids, dtype=object), prompt_lens=np.array(lens, dtype=np.int64), n=n,
+                     sources=np.array([s or "" for s in sources], dtype=object) if has_src else None,
+                     origin=spath)
+
+
+def save_prompt_set(prompts: PromptSet, path: PathLike) -> None:
+    """Write a PromptSet as JSON Lines readable by `load_prompt_set` (n is not stored: the run config has it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for i in range(len(prompts)):
+            rec = {"prompt_id": str(prompts.prompt_ids[i]), "prompt_len": int(prompts.prompt_lens[i])}
+            if prompts.sources is not None:
+                rec["source"] = str(prompts.sources[i])
+            fh.write(json.dumps(rec) + "\n")
+
+
+def workload_from_spec(spec: str):
+    """Shortcut to `mindspeed_asp.workloads.spec.workload_from_spec` (imported lazily: it loads traces)."""
+    from mindspeed_asp.workloads.spec import workload_from_spec as resolve
+
+    return resolve(spec)

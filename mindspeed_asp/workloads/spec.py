@@ -1,0 +1,108 @@
+"""Resolve a workload string (`--workload` / `--trace`) into prompts, history and next-epoch truth.
+
+Forms:
+
+- ``synthetic:prompts=512,n=8,seed=0`` with optional ``epochs=3`` (history epochs; the truth is the epoch
+  after them), ``median=2048``, ``cap=16384``, ``trend=0.03``, ``rho=0.9``, ``sigma_between=1.0``,
+  ``regime=small`` (CPU demo regime: median 48, cap 384; explicit keys still win).
+- ``alpaca:<path>`` with optional ``?target=t0.7`` (held-out column; ``target=all`` gives [G, 4] truth and
+  no history) and ``?prompt_len=0``.
+- ``splitwise:<path>`` with optional ``?n=8`` (requests per group).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, Tuple
+
+import numpy as np
+
+from mindspeed_asp.errors import InputError
+from mindspeed_asp.scheduler.history import LengthHistory
+from mindspeed_asp.scheduler.types import PromptSet
+
+_SYNTH_KEYS = {"prompts": int, "n": int, "seed": int, "epochs": int, "median": float, "cap": int,
+               "trend": float, "rho": float, "sigma_between": float, "regime": str}
+
+
+@dataclass
+class ResolvedWorkload:
+    """A workload ready for estimation or simulation; unpacks as (prompts, history, truth)."""
+
+    prompts: PromptSet
+    history: LengthHistory
+    truth: np.ndarray  # int64 [G, n]: the lengths of the epoch being planned
+    max_new_tokens: int
+    name: str
+
+    def __iter__(self) -> Iterator:
+        return iter((self.prompts, self.history, self.truth))
+
+
+def _parse_options(text: str, spec: str, allowed: Dict[str, type]) -> Dict[str, object]:
+    out: Dict[str, object] = {}
+    for item in filter(None, (p.strip() for p in text.replace("&", ",").split(","))):
+        if "=" not in item:
+            raise InputError(f"option {item!r} must look like key=value", key=spec)
+        k, v = (s.strip() for s in item.split("=", 1))
+        if k not in allowed:
+            raise InputError(f"unknown workload option (allowed: {', '.join(sorted(allowed))})", key=k)
+        try:
+            out[k] = allowed[k](v)
+        except ValueError:
+            raise InputError(f"bad value {v!r} for {k}", key=k) from None
+    return out
+
+
+def _split_path(rest: str) -> Tuple[str, str]:
+    if "?" in rest:
+        path, opts = rest.split("?", 1)
+        return path, opts
+    return rest, ""
+
+
+def workload_from_spec(spec: str) -> ResolvedWorkload:
+    """Resolve `synthetic:...`, `alpaca:<path>` or `splitwise:<path>` (see module doc)."""
+    if ":" not in spec:
+        raise InputError("workload must look like synthetic:prompts=512,n=8,seed=0 | alpaca:<path> | "
+                         "splitwise:<path>", key=spec)
+    kind, rest = spec.split(":", 1)
+    kind = kind.strip().lower()
+    if kind == "synthetic":
+        from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
+
+        opts = _parse_options(rest, spec, _SYNTH_KEYS)
+        regime = opts.pop("regime", "rl")
+        if regime not in ("rl", "small"):
+            raise InputError("regime must be 'rl' or 'small'", key="regime")
+        epochs = int(opts.pop("epochs", 3))
+        if epochs < 0:
+            raise InputError("epochs must be >= 0", key="epochs")
+        kw = {}
+        for src, dst in (("median", "median_tokens"), ("cap", "max_new_tokens"), ("trend", "trend"),
+                         ("rho", "rho"), ("sigma_between", "sigma_between")):
+            if src in opts:
+                kw[dst] = opts[src]
+        factory = SyntheticRLWorkload.small if regime == "small" else SyntheticRLWorkload
+        try:
+            wl = factory(int(opts.get("prompts", 512)), n=int(opts.get("n", 8)), epochs=epochs + 1,
+                         seed=int(opts.get("seed", 0)), **kw)
+        except ValueError as exc:
+            raise InputError(str(exc), key=spec) from None
+        return ResolvedWorkload(wl.prompts, wl.history(epochs), wl.lengths(epochs), wl.max_new_tokens, spec)
+    if kind == "alpaca":
+        from mindspeed_asp.workloads.traces import ALPACA_CAP, load_alpaca
+
+        path, text = _split_path(rest)
+        opts = _parse_options(text, spec, {"target": str, "prompt_len": int})
+        target = opts.get("target", "t0.7")
+        prompts, hist, truth = load_alpaca(path, target=None if target == "all" else str(target),
+                                           prompt_len=int(opts.get("prompt_len", 0)))
+        return ResolvedWorkload(prompts, hist, truth, ALPACA_CAP, spec)
+    if kind == "splitwise":
+        from mindspeed_asp.workloads.traces import load_splitwise
+
+        path, text = _split_path(rest)
+        opts = _parse_options(text, spec, {"n": int})
+        prompts, hist, truth = load_splitwise(path, n=int(opts.get("n", 8)))
+        return ResolvedWorkload(prompts, hist, truth, int(max(truth.max(), 1)), spec)
+    raise InputError(f"unknown workload kind {kind!r} (synthetic, alpaca, splitwise)", key=spec)

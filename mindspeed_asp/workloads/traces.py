@@ -1,0 +1,136 @@
+"""Loaders for the two real length traces in shared/data (see its README.md).
+
+- Alpaca/Vicuna (`alpaca-train-10k-length.json`): 4 responses per prompt at temperatures 0, 0.3, 0.5, 0.7.
+  They stand in for earlier epochs of the same prompt: the held-out column is the truth of the "next
+  epoch", the other three (in temperature order) are history epochs 0, 1, 2 with one sample each. The
+  reference-answer column `L_gt` is not a model sample and is not used. The trace has no prompt lengths, so
+  `prompt_len` is a constant the caller chooses (default 0).
+- Splitwise conversation (`splitwise_conv.csv`): one decode length per request and no repeated prompts,
+  so there is no history. Groups are n consecutive requests (in arrival order); a group's prompt length is
+  the mean prefill of its members. A remainder of fewer than n requests at the end is left out, and a line
+  on stderr says how many.
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+from mindspeed_asp.errors import InputError
+from mindspeed_asp.scheduler.history import LengthHistory
+from mindspeed_asp.scheduler.types import PromptSet
+from mindspeed_asp.workloads.prompts import iter_json_records
+
+PathLike = Union[str, Path]
+ALPACA_COLUMNS = ("t0.0", "t0.3", "t0.5", "t0.7")
+ALPACA_CAP = 512
+SPLITWISE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+
+
+def _length_value(rec: dict, key: str, path: str, line: int) -> int:
+    if key not in rec:
+        raise InputError("missing column", path=path, line=line, key=key)
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise InputError(f"length must be an integer, got {v!r}", path=path, line=line, key=key)
+    if v < 0:
+        raise InputError(f"negative length {v}", path=path, line=line, key=key)
+    return int(v)
+
+
+def load_alpaca(path: PathLike, target: Optional[str] = "t0.7",
+                prompt_len: int = 0) -> Tuple[PromptSet, LengthHistory, np.ndarray]:
+    """Read the alpaca length trace as (prompts, history, truth).
+
+    With `target` one of t0.0/t0.3/t0.5/t0.7 the truth is that column, [G, 1], and the history holds the
+    other three as epochs 0..2 (n = 1 each). With `target=None` the truth is all four columns, [G, 4]
+    (a group of n = 4), and the history is empty.
+    """
+    if target is not None:
+        target = target if target.startswith("t") else "t" + target
+        if target not in ALPACA_COLUMNS:
+            raise InputError(f"unknown target column {target!r}; choose one of {', '.join(ALPACA_COLUMNS)}",
+                             key="target")
+    spath = str(path)
+    cols = [f"L_{c}" for c in ALPACA_COLUMNS]
+    ids = []
+    rows = []
+    seen = {}
+    for line, rec in iter_json_records(path):
+        if not isinstance(rec, dict):
+            raise InputError("each record must be a JSON object", path=spath, line=line)
+        if "id" not in rec:
+            raise InputError("missing column", path=spath, line=line, key="id")
+        pid = str(rec["id"])
+        if pid in seen:
+            raise InputError(f"duplicate prompt id {pid!r} (first on line {seen[pid]})", path=spath, line=line,
+                             key="id")
+        seen[pid] = line
+        ids.append(pid)
+        rows.append([_length_value(rec, c, spath, line) for c in cols])
+    if not ids:
+        raise InputError("no records in file", path=spath)
+    lengths = np.array(rows, dtype=np.int64)
+    pid_arr = np.array(ids, dtype=object)
+    hist = LengthHistory()
+    if target is None:
+        prompts = PromptSet(pid_arr, np.full(len(ids), prompt_len, dtype=np.int64), n=4, origin=spath)
+        return prompts, hist, lengths
+    t = ALPACA_COLUMNS.index(target)
+    others = [k for k in range(len(ALPACA_COLUMNS)) if k != t]
+    for epoch, k in enumerate(others):
+        hist.add_epoch(pid_arr, epoch, lengths[:, k:k + 1])
+    prompts = PromptSet(pid_arr, np.full(len(ids), prompt_len, dtype=np.int64), n=1, origin=spath)
+    return prompts, hist, lengths[:, t:t + 1].copy()
+
+
+def load_splitwise(path: PathLike, n: int = 8) -> Tuple[PromptSet, LengthHistory, np.ndarray]:
+    """Read the splitwise CSV as (prompts, empty history, truth [G, n]) with groups of n consecutive requests."""
+    if n < 1:
+        raise InputError("n must be >= 1", key="n")
+    spath = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("file not found", path=spath)
+    prefill = []
+    decode = []
+    with p.open(newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise InputError("empty file", path=spath)
+        header = [h.strip() for h in header]
+        for col in SPLITWISE_COLUMNS[1:]:
+            if col not in header:
+                raise InputError("missing column", path=spath, line=1, key=col)
+        ip, idc = header.index("num_prefill_tokens"), header.index("num_decode_tokens")
+        for lineno, row in enumerate(reader, start=2):
+            if not row or not any(c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise InputError(f"expected {len(header)} fields, got {len(row)}", path=spath, line=lineno)
+            vals = []
+            for idx, name in ((ip, "num_prefill_tokens"), (idc, "num_decode_tokens")):
+                try:
+                    v = float(row[idx])
+                except ValueError:
+                    raise InputError(f"not a number: {row[idx]!r}", path=spath, line=lineno, key=name) from None
+                if v < 0 or not float(v).is_integer():
+                    raise InputError(f"invalid length {row[idx]!r} (must be a non-negative integer)",
+                                     path=spath, line=lineno, key=name)
+                vals.append(int(v))
+            prefill.append(vals[0])
+            decode.append(vals[1])
+    G = len(decode) // n
+    if G == 0:
+        raise InputError(f"fewer than n={n} requests in file", path=spath)
+    left = len(decode) - G * n
+    truth = np.array(decode[:G * n], dtype=np.int64).reshape(G, n)
+    plen = np.rint(np.array(prefill[:G * n], dtype=np.float64).reshape(G, n).mean(axis=1)).astype(np.int64)
+    ids = np.array([f"splitwise-{g}" for g in range(G)], dtype=object)
+    if left:
+        print(f"{spath}: last {left} requests do not fill a group of n={n}; left out", file=sys.stderr)
+    return PromptSet(ids, plen, n=n, origin=spath), LengthHistory(), truth
