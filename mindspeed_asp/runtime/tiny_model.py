@@ -1,0 +1,100 @@
+"""A tiny random-initialised Qwen2 model saved locally, for the CPU tier (tests, demo, `asp fit-cost`).
+
+Why Qwen2: it is an architecture both vLLM and transformers load from the same `config.json` +
+`model.safetensors`, so the HF model the reference trainer trains exports exactly the parameter names
+vLLM's `load_weights` expects. Nothing is downloaded: the config is built in code and the weights are
+random (seeded). CPU attention in vLLM needs head_dim >= 32.
+
+Token ids: the model has no tokenizer (vLLM runs with `skip_tokenizer_init=True` and token-id prompts).
+Ids 0 (bos/pad) and 1 (eos) are reserved; a task may use ids 2..vocab_size-1.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+BOS_TOKEN_ID = 0
+EOS_TOKEN_ID = 1
+FIRST_FREE_TOKEN_ID = 2
+
+DEFAULT_SHAPE: Dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
+_MARKER = "asp_tiny_model.json"
+
+
+def default_cache_dir() -> Path:
+    """Where the tiny model lives unless a directory is given (ASP_CACHE_DIR overrides ~/.cache)."""
+    root = os.environ.get("ASP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "mindspeed_asp")
+    return Path(root) / "tiny-qwen2"
+
+
+def ensure_tiny_model(path: Optional[str] = None, seed: int = 0, **shape: Any) -> str:
+    """Create (once) a tiny random Qwen2 model in `path` and return the directory.
+
+    Idempotent: if the directory already holds a model made with the same seed and shape it is reused,
+    so tests and the demo share one copy. A directory holding a different tiny model is rebuilt; a
+    directory holding anything else is refused (we never overwrite a user's model).
+    """
+    unknown = set(shape) - set(DEFAULT_SHAPE)
+    if unknown:
+        raise ValueError(f"unknown tiny-model shape keys: {sorted(unknown)}; known: {sorted(DEFAULT_SHAPE)}")
+    spec = dict(DEFAULT_SHAPE, **shape)
+    if spec["head_dim"] < 32:
+        raise ValueError("head_dim must be >= 32 (vLLM's CPU attention supports 32, 64, 80, ...)")
+    target = Path(path) if path else default_cache_dir()
+    wanted = {"seed": seed, "shape": spec, "format": 1}
+    marker = target / _MARKER
+    if marker.exists():
+        try:
+            if json.loads(marker.read_text()) == wanted and (target / "config.json").exists():
+                return str(target)
+        except ValueError:
+            pass
+    elif target.exists() and any(target.iterdir()):
+        raise FileExistsError(f"{target} exists and is not a tiny model made by mindspeed_asp; pass another path")
+
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=BOS_TOKEN_ID,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        torch_dtype="float32",
+        **spec,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    target.mkdir(parents=True, exist_ok=True)
+    # Write to a temp dir and rename, so two processes racing here never see a half-written model.
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp, safe_serialization=True)
+    GenerationConfig(bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID,
+                     pad_token_id=BOS_TOKEN_ID).save_pretrained(tmp)
+    (tmp / _MARKER).write_text(json.dumps(wanted))
+    for item in tmp.iterdir():
+        os.replace(item, target / item.name)
+    tmp.rmdir()
+    return str(target)
+
+
+def load_hf_model(path: str, dtype: str = "float32"):
+    """The HF causal LM the reference trainer trains: same directory, same parameter names as vLLM loads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))

@@ -1,0 +1,97 @@
+"""Requests, results and engine settings exchanged between the dispatcher, the instances and the trainer.
+
+Plain dataclasses (picklable by Ray, no torch) so the driver, the instance actors and the trainer agree
+on one shape. Times are `time.time()` seconds (wall clock, comparable across processes on one host).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class GroupRequest:
+    """One prompt group: `n` samples of the same token-id prompt. `minibatch` is the plan's tag."""
+
+    group_id: str
+    prompt_id: str
+    prompt_token_ids: List[int]
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    seed: Optional[int] = None  # sample i uses seed + i, so a group is reproducible
+    ignore_eos: bool = False
+    stop_token_ids: List[int] = field(default_factory=list)
+    minibatch: int = -1
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"group {self.group_id}: n must be >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"group {self.group_id}: max_new_tokens must be >= 1")
+        if not self.prompt_token_ids:
+            raise ValueError(f"group {self.group_id}: empty prompt")
+
+
+@dataclass
+class SampleResult:
+    """One generated sample: tokens, the behaviour log-prob of each, and the policy versions that made it.
+
+    `min_version` is the oldest weight version that produced any of its tokens (what the lag audit
+    uses), `max_version` the newest; they differ when a weight update landed mid-generation.
+    `token_versions` holds the version of each token.
+    """
+
+    token_ids: List[int]
+    logprobs: List[float]
+    min_version: int
+    max_version: int
+    finish_reason: str
+    token_versions: List[int] = field(default_factory=list)
+
+
+@dataclass
+class GroupResult:
+    """A finished group as an instance returns it, with its timings (enqueued, admitted, finished)."""
+
+    group_id: str
+    prompt_id: str
+    instance: int
+    samples: List[SampleResult]
+    prompt_token_ids: List[int]
+    t_enqueued: float
+    t_started: float
+    t_finished: float
+    stolen: bool = False
+    minibatch: int = -1
+
+    @property
+    def min_version(self) -> int:
+        return min(s.min_version for s in self.samples)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.samples)
+
+
+@dataclass
+class EngineConfig:
+    """How an instance builds its vLLM engine. `slots` is B (vLLM's max_num_seqs).
+
+    `extra` goes to vLLM's EngineArgs unchanged (e.g. {"max_num_batched_tokens": 4096}); the key
+    `logprobs_mode` defaults to "processed_logprobs" (log-probs of the distribution actually sampled,
+    i.e. after temperature), which is what an importance ratio needs.
+    """
+
+    model_path: str
+    slots: int = 64
+    max_model_len: int = 2048
+    dtype: str = "float32"
+    gpu_memory_utilization: float = 0.05
+    seed: int = 0
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
