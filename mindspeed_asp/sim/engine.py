@@ -1,0 +1,546 @@
+"""Event-driven simulator of inference instances under continuous batching (vLLM-like).
+
+Why event-driven: between two events of an instance (a sequence finishes, the KV budget overflows, a held
+group is released) the active count n is constant and the resident KV grows by n tokens per step, so the
+time of the steps in between has a closed form (linear cost) or one vectorised sum (tabulated cost). The
+simulator therefore jumps from event to event instead of stepping token by token, and a 64-instance x
+10^5-group epoch runs in seconds.
+
+Model of one instance (one vLLM engine):
+- B slots (`max_num_seqs`): at every step boundary, free slots admit waiting sequences first-come first-served,
+  preempted sequences first (vLLM puts them back at the head of the waiting queue);
+- every step each running sequence produces one token; a sequence of response length L admitted at step s
+  frees its slot at step s + L (its first step includes its prefill, cost p * prefill tokens);
+- a step costs `cost.step_time(active, kv, prefill)` where kv = sum over running sequences of
+  (prompt + generated tokens) at the start of the step;
+- KV budget K (tokens, optional): a step needs `kv + active <= K` (every sequence writes one token). With
+  `kv_policy="preempt"` admission is optimistic and, when the budget overflows, the most recently admitted
+  sequences are preempted and later recomputed (prefill of prompt + generated tokens), as vLLM V1 does;
+  with `kv_policy="reserve"` a sequence is admitted only if its final KV (prompt + L) fits, so it never
+  preempts.
+
+A group (the n samples of one prompt) is dispatched when its first sequence is admitted; a `gate` callback
+can hold a group back (admission control of the pipeline), and a held instance waits head-of-line, keeping
+the plan order, until `Cluster.notify` is called or the gate's retry time comes.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from mindspeed_asp.scheduler.types import CostModel, InstanceSpec
+
+INF = float("inf")
+
+
+# --------------------------------------------------------------------------------------------- step costs
+class TabulatedCost:
+    """Step time interpolated in a measured table over (active sequences, KV tokens), seconds.
+
+    Why: vLLM's step time is flat up to a knee and then compute bound, which the linear model misses. The
+    table is a grid `time[i, j]` at `active[i]`, `kv[j]` (both increasing); outside the grid the edge values
+    are held (no extrapolation). `p` is the per-prefill-token cost added on top.
+    """
+
+    def __init__(self, active: Sequence[float], kv: Sequence[float], time: np.ndarray, p: float = 0.0,
+                 source: str = "table") -> None:
+        from scipy.interpolate import RegularGridInterpolator
+
+        self.active = np.asarray(active, dtype=np.float64)
+        self.kv = np.asarray(kv, dtype=np.float64)
+        self.time = np.asarray(time, dtype=np.float64)
+        if self.time.shape != (len(self.active), len(self.kv)):
+            raise ValueError(f"table shape {self.time.shape} != (len(active), len(kv)) = "
+                             f"({len(self.active)}, {len(self.kv)})")
+        if np.any(np.diff(self.active) <= 0) or np.any(np.diff(self.kv) <= 0):
+            raise ValueError("table axes must be strictly increasing")
+        self.p = float(p)
+        self.source = source
+        self._interp = RegularGridInterpolator((self.active, self.kv), self.time, method="linear",
+                                               bounds_error=False, fill_value=None)
+
+    def step_time(self, active, kv_tokens, prefill_tokens=0.0):
+        act = np.clip(np.asarray(active, dtype=np.float64), self.active[0], self.active[-1])
+        kv = np.clip(np.asarray(kv_tokens, dtype=np.float64), self.kv[0], self.kv[-1])
+        act, kv = np.broadcast_arrays(act, kv)
+        out = self._interp(np.stack([act.ravel(), kv.ravel()], axis=1)).reshape(act.shape)
+        return out + self.p * np.asarray(prefill_tokens, dtype=np.float64)
+
+
+class _LinearIntervals:
+    """Closed-form sums of `a + b*n + c*(K + n*d)` over d = 0..D-1 steps, plus the prefill of the first step."""
+
+    def __init__(self, cost: CostModel, scale: float = 1.0) -> None:
+        self.a, self.b, self.c, self.p = (cost.a * scale, cost.b * scale, cost.c * scale, cost.p * scale)
+
+    def interval(self, n: int, kv: float, steps: int, prefill: float) -> float:
+        d = float(steps)
+        return d * (self.a + self.b * n) + self.c * (d * kv + n * d * (d - 1.0) / 2.0) + self.p * prefill
+
+    def steps_to_reach(self, n: int, kv: float, prefill: float, t: float) -> int:
+        """Smallest D >= 1 with interval(n, kv, D, prefill) >= t."""
+        qa = self.c * n / 2.0
+        qb = self.a + self.b * n + self.c * kv - self.c * n / 2.0
+        qc = self.p * prefill - t
+        if qa > 0.0:
+            disc = max(qb * qb - 4.0 * qa * qc, 0.0)
+            d = (-qb + math.sqrt(disc)) / (2.0 * qa)
+        else:
+            d = -qc / qb if qb > 0 else 1.0
+        d = max(1, int(math.ceil(d - 1e-9)))
+        while d > 1 and self.interval(n, kv, d - 1, prefill) >= t:
+            d -= 1
+        while self.interval(n, kv, d, prefill) < t:
+            d += 1
+        return d
+
+
+class _TableIntervals:
+    """Interval sums for any vectorised `step_time(active, kv, prefill)` (one numpy sum per interval)."""
+
+    def __init__(self, cost, scale: float = 1.0) -> None:
+        self.cost = cost
+        self.scale = scale
+        self.p = float(getattr(cost, "p", 0.0)) * scale
+
+    def _steps(self, n: int, kv: float, steps: int) -> np.ndarray:
+        d = np.arange(steps, dtype=np.float64)
+        return self.scale * np.asarray(self.cost.step_time(np.full(steps, float(n)), kv + n * d, 0.0))
+
+    def interval(self, n: int, kv: float, steps: int, prefill: float) -> float:
+        if steps <= 0:
+            return 0.0
+        return float(self._steps(n, kv, steps).sum()) + self.p * prefill
+
+    def steps_to_reach(self, n: int, kv: float, prefill: float, t: float) -> int:
+        horizon = 64
+        while True:
+            cum = np.cumsum(self._steps(n, kv, horizon)) + self.p * prefill
+            idx = int(np.searchsorted(cum, t, side="left"))
+            if idx < horizon:
+                return idx + 1
+            horizon *= 4
+
+
+def make_intervals(cost, scale: float = 1.0):
+    """Interval-time helper for a cost object: closed form for the linear CostModel, sums otherwise."""
+    if isinstance(cost, CostModel):
+        return _LinearIntervals(cost, scale)
+    if not hasattr(cost, "step_time"):
+        raise TypeError(f"cost {cost!r} has no step_time(active, kv, prefill)")
+    return _TableIntervals(cost, scale)
+
+
+# --------------------------------------------------------------------------------------------- results
+@dataclass
+class InstanceTrace:
+    """What the instances did: per group, per sequence and per instance (times in seconds).
+
+    Sequence arrays are indexed by `g * n + s`. `seq_start` is the first admission, `seq_version` the policy
+    version at first admission (the oldest version that produced any of its tokens), `group_dispatch` the
+    time the group's first sequence was admitted and `group_version` the version then.
+    """
+
+    n: int
+    group_instance: np.ndarray  # int [G]
+    group_dispatch: np.ndarray  # float [G]
+    group_finish: np.ndarray  # float [G]
+    group_version: np.ndarray  # int [G]
+    seq_start: np.ndarray  # float [G*n]
+    seq_finish: np.ndarray  # float [G*n]
+    seq_version: np.ndarray  # int [G*n]
+    seq_preemptions: np.ndarray  # int [G*n]
+    busy: np.ndarray  # float [m], T_j: time spent stepping
+    steps: np.ndarray  # int [m], S_j: decode steps
+    end: np.ndarray  # float [m], wall-clock time of the instance's last step
+    preemptions: np.ndarray  # int [m]
+    recompute_tokens: np.ndarray  # int [m], prefill tokens recomputed after preemption
+    kv_peak: np.ndarray  # int [m], max resident KV reached
+
+    @property
+    def makespan(self) -> float:
+        """Wall-clock time at which the last group finished."""
+        return float(self.group_finish.max()) if len(self.group_finish) else 0.0
+
+
+GateFn = Callable[[int, float], Optional[float]]
+"""gate(group, now) -> None to admit now; a time to retry at; or math.inf to wait for `Cluster.notify`."""
+
+
+@dataclass
+class _Inst:
+    queue: List[int]  # sequence ids g*n+s in plan order
+    head: List[bool]  # sequence starts a new group
+    ptr: int = 0
+    front: List[int] = field(default_factory=list)  # preempted sequences, re-admitted first (stack: last=first)
+    running: List[tuple] = field(default_factory=list)  # heap (finish_step, sid, epoch)
+    admitted: List[int] = field(default_factory=list)  # running sids in admission order (lazy)
+    n: int = 0
+    kv: float = 0.0  # resident KV at the current step boundary
+    reserved: float = 0.0  # reserve policy: sum of final KV of running sequences
+    step: int = 0
+    clock: float = 0.0
+    busy: float = 0.0
+    prefill: float = 0.0  # prefill tokens admitted at the current boundary
+    token: int = 0  # invalidates stale heap entries
+    held: bool = False  # head-of-line group refused by the gate
+    retry_at: float = INF
+    paused_until: float = 0.0
+    extra: float = 0.0  # pause time to add at the next advance
+    event_step: int = -1
+    event_time: float = INF
+
+
+class Cluster:
+    """All instances in one event loop, so a pipeline can interleave trainer events and gate dispatches.
+
+    Use: `c = Cluster(...)`; repeatedly `c.peek_time()` / `c.step()`, which processes the earliest instance
+    event and calls `on_group_done(g, t)` for every completed group; `c.version` is the policy version
+    stamped on admissions; `c.notify(t)` re-offers held groups at time t; `c.pause(t, d)` stops all instances
+    for d seconds (weight sync); `c.trace()` returns the InstanceTrace.
+    """
+
+    def __init__(self, orders: Sequence[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
+                 spec: InstanceSpec, cost, *, gate: Optional[GateFn] = None,
+                 on_group_done: Optional[Callable[[int, float], None]] = None,
+                 kv_policy: str = "preempt", cost_scale: float = 1.0) -> None:
+        lengths = np.asarray(lengths)
+        if lengths.ndim != 2:
+            raise ValueError(f"lengths must be [G, n], got shape {lengths.shape}")
+        if np.any(lengths < 1):
+            raise ValueError("every response length must be >= 1 token")
+        self.G, self.nsamp = lengths.shape
+        self.L = lengths.astype(np.int64).ravel()
+        plens = np.asarray(prompt_lens, dtype=np.int64)
+        if plens.shape != (self.G,):
+            raise ValueError(f"prompt_lens must have shape ({self.G},), got {plens.shape}")
+        self.P = np.repeat(plens, self.nsamp)
+        if kv_policy not in ("preempt", "reserve"):
+            raise ValueError(f"kv_policy must be 'preempt' or 'reserve', got {kv_policy!r}")
+        self.B = int(spec.slots)
+        if self.B < 1:
+            raise ValueError("InstanceSpec.slots must be >= 1")
+        self.K = float(spec.kv_budget) if spec.kv_budget is not None else INF
+        if self.K < INF:
+            worst = int((self.P + self.L).max()) if self.G else 0
+            if worst + 1 > self.K:
+                raise ValueError(f"kv_budget {spec.kv_budget} is smaller than one sequence's prompt + response "
+                                 f"({worst} tokens): that sequence can never run")
+        self.kv_policy = kv_policy
+        self.iv = make_intervals(cost, cost_scale)
+        self.gate = gate
+        self.on_group_done = on_group_done
+        self.version = 0
+        G, n = self.G, self.nsamp
+        self.group_instance = np.full(G, -1, dtype=np.int64)
+        self.group_dispatch = np.full(G, np.nan)
+        self.group_finish = np.full(G, np.nan)
+        self.group_version = np.full(G, -1, dtype=np.int64)
+        self.group_left = np.full(G, n, dtype=np.int64)
+        self.seq_start = np.full(G * n, np.nan)
+        self.seq_finish = np.full(G * n, np.nan)
+        self.seq_version = np.full(G * n, -1, dtype=np.int64)
+        self.seq_pre = np.zeros(G * n, dtype=np.int64)
+        # plain lists: the hot loop indexes them one element at a time
+        self.seq_progress = [0] * (G * n)  # tokens generated before the current admission
+        self.seq_admit_step = [0] * (G * n)
+        self.seq_epoch = [0] * (G * n)  # odd while running; bumps invalidate stale heap entries
+        self._pl = self.P.tolist()
+        self._ll = self.L.tolist()
+        self.insts: List[_Inst] = []
+        self.preemptions = np.zeros(len(orders), dtype=np.int64)
+        self.recompute = np.zeros(len(orders), dtype=np.int64)
+        self.kv_peak = np.zeros(len(orders), dtype=np.int64)
+        self.end = np.zeros(len(orders))
+        seen = np.zeros(G, dtype=bool)
+        for j, order in enumerate(orders):
+            order = np.asarray(order, dtype=np.int64)
+            if len(order) and (order.min() < 0 or order.max() >= G):
+                raise ValueError(f"instance {j}: group index out of range [0, {G})")
+            if np.any(seen[order]):
+                raise ValueError(f"instance {j}: a group is placed twice")
+            seen[order] = True
+            self.group_instance[order] = j
+            sids = (order[:, None] * n + np.arange(n)[None, :]).ravel()
+            head = np.zeros(len(sids), dtype=bool)
+            head[::n] = True
+            self.insts.append(_Inst(queue=sids.tolist(), head=head.tolist()))
+        self._heap: List[tuple] = []
+        self._seq = 0
+        self._started = False
+
+    # ------------------------------------------------------------------ public loop
+    def start(self, t: float = 0.0) -> None:
+        """Admit the first sequences of every instance at time t."""
+        if self._started:
+            return
+        self._started = True
+        for j, ins in enumerate(self.insts):
+            ins.clock = t
+            self._admit_and_schedule(j)
+
+    def peek_time(self) -> float:
+        self.start()
+        h = self._heap
+        while h:
+            t, _, j, tok = h[0]
+            if tok == self.insts[j].token:
+                return t
+            heapq.heappop(h)
+        return INF
+
+    def step(self) -> float:
+        """Process the earliest instance event; returns its time (inf when nothing is pending)."""
+        t = self.peek_time()
+        if t == INF:
+            return t
+        _, _, j, _ = heapq.heappop(self._heap)
+        ins = self.insts[j]
+        if ins.event_step < 0:  # retry of a held/paused idle instance
+            ins.clock = max(ins.clock, t)
+            ins.retry_at = INF
+            self._admit_and_schedule(j)
+            return t
+        self._advance(j, ins.event_step)
+        self._finish_due(j)
+        self._admit_and_schedule(j)
+        return t
+
+    def run(self) -> None:
+        """Run until no instance event is pending (all done, or all held by the gate)."""
+        while self.step() < INF:
+            pass
+
+    def notify(self, t: float) -> None:
+        """Re-offer held groups at time t (the gate's answer may have changed, e.g. a new version)."""
+        for j, ins in enumerate(self.insts):
+            if not ins.held:
+                continue
+            ins.held = False
+            t_eff = max(t, ins.paused_until)
+            if ins.n == 0:
+                ins.clock = max(ins.clock, t_eff)
+                self._admit_and_schedule(j)
+                continue
+            # running: admit at the first step boundary at or after t_eff, if before the next event
+            rel = t_eff - ins.clock - ins.extra
+            d = self.iv.steps_to_reach(ins.n, ins.kv, ins.prefill, rel) if rel > 0 else 0
+            if d == 0 or ins.step + d < ins.event_step:
+                if d > 0:
+                    self._advance(j, ins.step + d)
+                self._admit_and_schedule(j)
+
+    def pause(self, t: float, duration: float) -> None:
+        """Stop every instance for `duration` seconds from time t (a weight-sync round); busy time excludes it."""
+        if duration <= 0:
+            return
+        until = t + duration
+        for j, ins in enumerate(self.insts):
+            ins.paused_until = max(ins.paused_until, until)
+            if ins.n > 0 and ins.event_time < INF:
+                ins.extra += duration
+                self._push(j, ins.event_time + duration, ins.event_step)
+            elif ins.retry_at < INF and ins.retry_at < until:
+                self._push_retry(j, until)
+
+    def requeue_front(self, g: int) -> None:  # pragma: no cover - reserved for regeneration policies
+        raise NotImplementedError
+
+    def unfinished_groups(self) -> int:
+        return int(np.count_nonzero(self.group_left > 0))
+
+    def trace(self) -> InstanceTrace:
+        busy = np.array([ins.busy for ins in self.insts])
+        steps = np.array([ins.step for ins in self.insts], dtype=np.int64)
+        return InstanceTrace(
+            n=self.nsamp, group_instance=self.group_instance.copy(), group_dispatch=self.group_dispatch.copy(),
+            group_finish=self.group_finish.copy(), group_version=self.group_version.copy(),
+            seq_start=self.seq_start.copy(), seq_finish=self.seq_finish.copy(),
+            seq_version=self.seq_version.copy(), seq_preemptions=self.seq_pre.copy(), busy=busy, steps=steps,
+            end=self.end.copy(), preemptions=self.preemptions.copy(), recompute_tokens=self.recompute.copy(),
+            kv_peak=self.kv_peak.copy())
+
+    # ------------------------------------------------------------------ internals
+    def _push(self, j: int, t: float, step: int) -> None:
+        ins = self.insts[j]
+        ins.token += 1
+        ins.event_step = step
+        ins.event_time = t
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, j, ins.token))
+
+    def _push_retry(self, j: int, t: float) -> None:
+        ins = self.insts[j]
+        ins.retry_at = t
+        self._push(j, t, -1)
+
+    def _advance(self, j: int, to_step: int) -> None:
+        ins = self.insts[j]
+        d = to_step - ins.step
+        if d <= 0:
+            return
+        dt = self.iv.interval(ins.n, ins.kv, d, ins.prefill)
+        ins.clock += dt + ins.extra
+        ins.extra = 0.0
+        ins.busy += dt
+        ins.kv += ins.n * d
+        ins.step = to_step
+        ins.prefill = 0.0
+        self.end[j] = ins.clock
+
+    def _finish_due(self, j: int) -> None:
+        ins = self.insts[j]
+        run = ins.running
+        step = ins.step
+        while run and run[0][0] <= step:
+            _, sid, ep = heapq.heappop(run)
+            if ep != self.seq_epoch[sid]:
+                continue
+            self.seq_epoch[sid] += 1  # no longer running
+            ins.n -= 1
+            final = self._pl[sid] + self._ll[sid]
+            ins.kv -= final
+            if self.kv_policy == "reserve":
+                ins.reserved -= final
+            self.seq_finish[sid] = ins.clock
+            g = sid // self.nsamp
+            self.group_left[g] -= 1
+            if self.group_left[g] == 0:
+                self.group_finish[g] = ins.clock
+                if self.on_group_done is not None:
+                    self.on_group_done(g, ins.clock)
+        if self.K < INF and self.kv_policy == "preempt" and ins.kv + ins.n > self.K:
+            self._preempt(j)
+
+    def _preempt(self, j: int) -> None:
+        """Preempt the most recently admitted sequences until the next step fits (recompute later)."""
+        ins = self.insts[j]
+        while ins.kv + ins.n > self.K and ins.admitted:
+            sid = ins.admitted.pop()
+            if self.seq_epoch[sid] % 2 == 0:  # not running (finished or already preempted)
+                continue
+            if ins.n <= 1:
+                ins.admitted.append(sid)
+                break
+            prog = self.seq_progress[sid] + (ins.step - self.seq_admit_step[sid])
+            self.seq_epoch[sid] += 1  # invalidates its heap entry
+            self.seq_progress[sid] = prog
+            ins.n -= 1
+            ins.kv -= self._pl[sid] + prog
+            self.seq_pre[sid] += 1
+            self.preemptions[j] += 1
+            ins.front.append(sid)
+
+    def _admit_and_schedule(self, j: int) -> None:
+        ins = self.insts[j]
+        now = ins.clock
+        if now < ins.paused_until:
+            if ins.n == 0:
+                self._push_retry(j, ins.paused_until)
+                return
+        B, K = self.B, self.K
+        reserve = self.kv_policy == "reserve"
+        gate = self.gate
+        q, head = ins.queue, ins.head
+        nq = len(q)
+        while ins.n < B:
+            if ins.front:
+                sid = ins.front[-1]
+                prog = self.seq_progress[sid]
+                need = self._pl[sid] + prog
+                if K < INF and ins.kv + ins.n + need + 1 > K:
+                    break
+                ins.front.pop()
+                self.recompute[j] += need - self._pl[sid]
+            else:
+                if ins.ptr >= nq:
+                    break
+                sid = q[ins.ptr]
+                need = self._pl[sid]
+                if K < INF:
+                    if reserve:
+                        if ins.reserved + need + self._ll[sid] > K:
+                            break
+                    elif ins.kv + ins.n + need + 1 > K:
+                        break
+                if head[ins.ptr]:
+                    g = sid // self.nsamp
+                    if gate is not None:
+                        ans = gate(g, now)
+                        if ans is not None:
+                            if ans == INF or ans <= now:
+                                ins.held = True
+                            else:
+                                ins.held = True
+                                if ins.n == 0:
+                                    self._push_retry(j, ans)
+                                    return
+                                ins.retry_at = ans
+                            break
+                    self.group_dispatch[g] = now
+                    self.group_version[g] = self.version
+                ins.ptr += 1
+                prog = 0
+                self.seq_start[sid] = now
+                self.seq_version[sid] = self.version
+            # admit sid with `prog` tokens already generated
+            self.seq_epoch[sid] += 1  # odd = running
+            self.seq_admit_step[sid] = ins.step
+            ins.n += 1
+            ins.kv += need
+            ins.prefill += need
+            if reserve:
+                ins.reserved += self._pl[sid] + self._ll[sid]
+            if K < INF:
+                ins.admitted.append(sid)
+            heapq.heappush(ins.running, (ins.step + self._ll[sid] - prog, sid, self.seq_epoch[sid]))
+        if ins.kv > self.kv_peak[j]:
+            self.kv_peak[j] = int(ins.kv)
+        if ins.n == 0:
+            ins.event_time = INF
+            ins.event_step = -1
+            ins.token += 1
+            return
+        # next event: the earliest finish, a KV overflow, or a pending gate retry
+        while ins.running and ins.running[0][2] != self.seq_epoch[ins.running[0][1]]:
+            heapq.heappop(ins.running)
+        ev = ins.running[0][0]
+        if K < INF and not reserve:
+            # overflow when kv + n*d + n > K, i.e. at the first d with d > (K - kv - n) / n
+            d_over = int(math.floor((K - ins.kv - ins.n) / ins.n)) + 1
+            ev = min(ev, ins.step + max(d_over, 1))
+        if ins.retry_at < INF:
+            rel = ins.retry_at - now
+            d = self.iv.steps_to_reach(ins.n, ins.kv, ins.prefill, rel) if rel > 0 else 1
+            ev = min(ev, ins.step + max(d, 1))
+            ins.retry_at = INF
+            ins.held = False
+        t = now + self.iv.interval(ins.n, ins.kv, ev - ins.step, ins.prefill) + ins.extra
+        self._push(j, t, ev)
+
+
+def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
+                       spec: InstanceSpec, cost, release: Optional[Callable[[int], float]] = None, *,
+                       kv_policy: str = "preempt", cost_scale: float = 1.0) -> InstanceTrace:
+    """Run every instance's queue to completion and return the trace.
+
+    `orders[j]` is instance j's ordered group indices; `lengths[g, s]` true response lengths; `release(g)`
+    optionally gives the earliest time group g may be dispatched (its instance waits head-of-line until then).
+    `cost` is a CostModel (closed-form) or anything with a vectorised `step_time` (e.g. TabulatedCost).
+    """
+    gate = None
+    if release is not None:
+        def gate(g: int, now: float) -> Optional[float]:
+            r = float(release(g))
+            return None if r <= now else r
+    cl = Cluster(orders, lengths, prompt_lens, spec, cost, gate=gate, kv_policy=kv_policy,
+                 cost_scale=cost_scale)
+    cl.run()
+    left = cl.unfinished_groups()
+    if left:
+        raise RuntimeError(f"{left} groups never finished (placed on no instance?)")
+    return cl.trace()

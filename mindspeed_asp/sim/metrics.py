@@ -1,0 +1,260 @@
+"""Bubble metrics and lower bounds, exactly as DESIGN.md section 5 and scheduling_theory.md 8.2-8.3 define them.
+
+Why one module: the simulator, the runtime's metric logger and the benchmarks must report the same numbers
+under the same names, and a bound that is wrong by a little makes every "% above bound" meaningless, so the
+formulas live in one place with tests that no simulated plan ever beats them.
+
+Notation: T_j busy time of instance j, R = max_j T_j, S_j decode steps, L true lengths, B slots, m instances.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from mindspeed_asp.scheduler.types import CostModel, InstanceSpec
+
+METRIC_NAMES = (
+    "bubble/padding", "bubble/padding_train", "bubble/dp_imbalance",
+    "bubble/skewness", "bubble/skew_gap", "bubble/tail_share",
+    "bubble/sorting", "bubble/startup", "bubble/queue_cv", "bubble/arrival_gap_cv", "bubble/queue_starved",
+    "lag/mean", "lag/p99", "lag/max", "lag/frac_over_bound", "lag/stale_dropped",
+    "throughput/e2e_tps", "throughput/perf_throughput", "throughput/rollout_tps",
+    "time/iteration", "time/rollout", "time/train", "time/weight_sync",
+)
+
+
+def percent_above(value: float, bound: float) -> float:
+    """How far a value is above its lower bound, in percent: 100 * (value / bound - 1)."""
+    if bound is None or not np.isfinite(bound) or bound <= 0:
+        return float("nan")
+    return 100.0 * (float(value) / float(bound) - 1.0)
+
+
+# ------------------------------------------------------------------------------------------ lower bounds
+def _solo_times(lengths: np.ndarray, prompt_lens: np.ndarray, cost, scale: float = 1.0) -> np.ndarray:
+    """Time of each sequence run alone [G, n] (every one of its steps costs at least this)."""
+    L = np.asarray(lengths, dtype=np.float64)
+    P = np.broadcast_to(np.asarray(prompt_lens, dtype=np.float64)[:, None], L.shape)
+    if isinstance(cost, CostModel):
+        return scale * cost.solo_time(L, P)
+    from mindspeed_asp.sim.engine import make_intervals
+
+    iv = make_intervals(cost, scale)
+    out = np.empty(L.shape)
+    for idx in np.ndindex(L.shape):
+        out[idx] = iv.interval(1, P[idx], int(L[idx]), P[idx])
+    return out
+
+
+def group_work(lengths: np.ndarray, prompt_lens: np.ndarray, cost: CostModel, slots: int,
+               scale: float = 1.0) -> np.ndarray:
+    """Cross-instance work w_g of each group (scheduling_theory.md 3.4): a lower bound on the time it adds."""
+    L = np.asarray(lengths, dtype=np.float64)
+    P = np.broadcast_to(np.asarray(prompt_lens, dtype=np.float64)[:, None], L.shape)
+    return scale * cost.sequence_work(L, P, slots).sum(axis=1)
+
+
+def rollout_lower_bound(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, spec: InstanceSpec,
+                        cost, scale: float = 1.0) -> Dict[str, float]:
+    """R_LB = max(total work / m, longest single sequence run alone, w_(m) + w_(m+1)).
+
+    The work and pair terms need the linear CostModel (its a-term split is what makes work additive); for a
+    tabulated cost only the solo term is reported.
+    """
+    solo = float(_solo_times(lengths, prompt_lens, cost, scale).max()) if np.size(lengths) else 0.0
+    out = {"rollout/solo_bound": solo, "rollout/work_bound": float("nan"), "rollout/pair_bound": float("nan")}
+    if isinstance(cost, CostModel):
+        w = group_work(lengths, prompt_lens, cost, spec.slots, scale)
+        out["rollout/work_bound"] = float(w.sum()) / instances
+        if len(w) > instances:
+            ws = np.sort(w)[::-1]
+            out["rollout/pair_bound"] = float(ws[instances - 1] + ws[instances])
+    out["rollout/R_LB"] = float(np.nanmax([out["rollout/solo_bound"], out["rollout/work_bound"],
+                                           out["rollout/pair_bound"]]))
+    return out
+
+
+def instance_step_bounds(orders: Sequence[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
+                         spec: InstanceSpec) -> np.ndarray:
+    """S_j >= max(ceil(sum L_j / B), max L_j, ceil(sum KV_j / K_max)) for each instance's groups."""
+    L = np.asarray(lengths, dtype=np.int64)
+    P = np.asarray(prompt_lens, dtype=np.int64)
+    out = np.zeros(len(orders), dtype=np.int64)
+    for j, o in enumerate(orders):
+        o = np.asarray(o, dtype=np.int64)
+        if len(o) == 0:
+            continue
+        Lj = L[o]
+        b = max(-(-int(Lj.sum()) // spec.slots), int(Lj.max()))
+        if spec.kv_budget is not None:
+            kv = (P[o][:, None] * Lj + Lj * (Lj - 1) // 2).sum()
+            b = max(b, -(-int(kv) // int(spec.kv_budget)))
+        out[j] = b
+    return out
+
+
+def lower_bounds(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, spec: InstanceSpec, cost,
+                 trainer=None, sync_time: float = 0.0, orders: Optional[Sequence[np.ndarray]] = None,
+                 scale: float = 1.0, syncs: Optional[int] = None) -> Dict[str, float]:
+    """Every lower bound of DESIGN.md section 5 that the inputs allow.
+
+    Keys: rollout/{R_LB, work_bound, solo_bound, pair_bound}; steps/LB (sum over instances, needs `orders`);
+    train/total (sum of tau_k); e2e/stream_LB = max(R_LB + tau_min + sync, A1_LB + sum tau + K*sync) and
+    e2e/barrier_LB = R_LB + sum tau + syncs*sync (needs `trainer`). `syncs` is the number of weight syncs of the
+    barrier run (default 1: one sync per iteration).
+    """
+    out = rollout_lower_bound(lengths, prompt_lens, instances, spec, cost, scale)
+    if orders is not None:
+        out["steps/LB"] = float(instance_step_bounds(orders, lengths, prompt_lens, spec).sum())
+    if trainer is not None:
+        from mindspeed_asp.sim.trainer import group_tokens
+
+        tok = group_tokens(lengths, prompt_lens)
+        G = len(tok)
+        K = trainer.num_minibatches(G)
+        total = trainer.alpha * float(tok.sum()) + K * trainer.overhead
+        tau_min = trainer.alpha * float(tok.min()) + trainer.overhead if G else 0.0
+        gsolo = _solo_times(lengths, prompt_lens, cost, scale).max(axis=1)
+        a1 = float(np.sort(gsolo)[min(trainer.minibatch, G) - 1]) if G else 0.0
+        out["train/total"] = total
+        out["e2e/first_minibatch_LB"] = a1
+        out["e2e/stream_LB"] = max(out["rollout/R_LB"] + tau_min + sync_time, a1 + total + K * sync_time)
+        out["e2e/barrier_LB"] = out["rollout/R_LB"] + total + (1 if syncs is None else syncs) * sync_time
+    return out
+
+
+# ------------------------------------------------------------------------------------------ rollout bubbles
+def generation_padding(total_tokens: float, slots: int, steps: np.ndarray) -> float:
+    """bubble/padding (generation): idle slot-steps, 1 - sum(L) / (B * sum_j S_j)."""
+    denom = float(slots) * float(np.sum(steps))
+    return 1.0 - float(total_tokens) / denom if denom > 0 else 0.0
+
+
+def skewness(busy: np.ndarray) -> float:
+    """bubble/skewness: 1 - mean_j(T_j) / R, the share of instance time idle at the end."""
+    busy = np.asarray(busy, dtype=np.float64)
+    R = float(busy.max()) if len(busy) else 0.0
+    return 1.0 - float(busy.mean()) / R if R > 0 else 0.0
+
+
+def tail_share(seq_finish: np.ndarray, start: float = 0.0) -> float:
+    """Share of the rollout wall time spent after 90% of sequences finished (Seer's "last 10%")."""
+    f = np.sort(np.asarray(seq_finish, dtype=np.float64))
+    if len(f) == 0:
+        return 0.0
+    end = f[-1] - start
+    t90 = f[int(math.ceil(0.9 * len(f))) - 1] - start
+    return (end - t90) / end if end > 0 else 0.0
+
+
+# ------------------------------------------------------------------------------------------ training side
+def training_padding(sample_tokens: List[np.ndarray], micro_batch: Optional[int], dp: int) -> Dict[str, float]:
+    """bubble/padding_train and bubble/dp_imbalance over the trained minibatches.
+
+    Each minibatch's samples go to `dp` ranks by LPT on tokens (verl-style balance); each rank cuts its
+    samples into micro-batches of `micro_batch` (None = one) padded to their longest sample. Padding is padded
+    tokens over padded+real tokens; imbalance is the token-weighted mean of max/mean rank load.
+    """
+    pad = real = 0.0
+    imb_w = imb = 0.0
+    for toks in sample_tokens:
+        toks = np.asarray(toks, dtype=np.float64)
+        if len(toks) == 0:
+            continue
+        if dp == 1:
+            ranks = [toks]
+        else:
+            loads = np.zeros(dp)
+            parts: List[list] = [[] for _ in range(dp)]
+            for t in np.sort(toks)[::-1]:
+                r = int(np.argmin(loads))
+                loads[r] += t
+                parts[r].append(t)
+            ranks = [np.asarray(p) for p in parts]
+        rank_loads = np.array([r.sum() for r in ranks])
+        if rank_loads.mean() > 0:
+            imb += toks.sum() * rank_loads.max() / rank_loads.mean()
+            imb_w += toks.sum()
+        for r in ranks:
+            if len(r) == 0:
+                continue
+            mb = len(r) if micro_batch is None else micro_batch
+            for s in range(0, len(r), mb):
+                chunk = r[s:s + mb]
+                pad += len(chunk) * chunk.max() - chunk.sum()
+                real += chunk.sum()
+    return {"bubble/padding_train": pad / (pad + real) if pad + real > 0 else 0.0,
+            "bubble/dp_imbalance": imb / imb_w if imb_w > 0 else 1.0}
+
+
+# ------------------------------------------------------------------------------------------ sorting bubble
+def queue_series(arrivals: np.ndarray, consume_times: np.ndarray, consume_counts: np.ndarray):
+    """Ready-queue occupancy as a step function: (times, occupancy after each time)."""
+    t = np.concatenate([np.asarray(arrivals, dtype=np.float64), np.asarray(consume_times, dtype=np.float64)])
+    d = np.concatenate([np.ones(len(arrivals)), -np.asarray(consume_counts, dtype=np.float64)])
+    # at equal times arrivals (+) come before consumption (-)
+    order = np.lexsort((-d, t))
+    t, d = t[order], d[order]
+    q = np.cumsum(d)
+    return np.concatenate([[0.0], t]), np.concatenate([[0.0], q])
+
+
+def _measure_where(times: np.ndarray, values_mask: np.ndarray, end: float) -> float:
+    """Total length of the segments [times[i], times[i+1]) (clipped to end) where values_mask[i] is True."""
+    seg_end = np.minimum(np.append(times[1:], end), end)
+    seg_start = np.minimum(times, end)
+    return float(np.sum(np.maximum(seg_end - seg_start, 0.0)[values_mask]))
+
+
+def sorting_metrics(arrivals: np.ndarray, mb_ready: np.ndarray, mb_start: np.ndarray, mb_busy_end: np.ndarray,
+                    mb_groups: np.ndarray, minibatch: int, rollout_end: float, total_time: float) -> Dict[str, float]:
+    """bubble/sorting and its diagnostics from the group arrivals and the trainer's busy intervals.
+
+    bubble/sorting = time the trainer is idle while rollout is still active and the queue holds fewer than M
+    finished groups, over the run time (DESIGN.md 5). Also: bubble/startup (wait for the first minibatch /
+    run time), bubble/queue_cv (time-weighted CV of queue occupancy), bubble/arrival_gap_cv (CV of the gaps
+    between minibatch ready times), bubble/queue_starved (share of rollout time the queue holds < M groups).
+    """
+    qt, qv = queue_series(arrivals, mb_start, mb_groups)
+    bt = np.concatenate([np.asarray(mb_start, dtype=np.float64), np.asarray(mb_busy_end, dtype=np.float64)])
+    bd = np.concatenate([np.ones(len(mb_start)), -np.ones(len(mb_busy_end))])
+    order = np.lexsort((bd, bt))
+    bt, bd = bt[order], bd[order]
+    busy_level = np.cumsum(bd)
+    times = np.unique(np.concatenate([qt, bt, [0.0]]))
+    qi = np.searchsorted(qt, times, side="right") - 1
+    q_at = qv[qi]
+    bi = np.searchsorted(bt, times, side="right") - 1
+    busy_at = np.where(bi >= 0, busy_level[np.maximum(bi, 0)], 0.0) > 0.5
+    idle_starved = (~busy_at) & (q_at < minibatch)
+    sorting = _measure_where(times, idle_starved, rollout_end)
+    starved = _measure_where(times, q_at < minibatch, rollout_end)
+    seg = np.maximum(np.minimum(np.append(times[1:], total_time), total_time) - np.minimum(times, total_time), 0.0)
+    if seg.sum() > 0:
+        mean_q = float(np.sum(seg * q_at) / seg.sum())
+        var_q = float(np.sum(seg * (q_at - mean_q) ** 2) / seg.sum())
+        queue_cv = math.sqrt(var_q) / mean_q if mean_q > 0 else 0.0
+    else:
+        queue_cv = 0.0
+    ready = np.sort(np.asarray(mb_ready, dtype=np.float64))
+    gaps = np.diff(ready)
+    gap_cv = float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else 0.0
+    T = total_time if total_time > 0 else 1.0
+    return {"bubble/sorting": sorting / T,
+            "bubble/startup": (float(np.min(mb_start)) if len(mb_start) else 0.0) / T,
+            "bubble/queue_cv": queue_cv,
+            "bubble/arrival_gap_cv": gap_cv,
+            "bubble/queue_starved": starved / rollout_end if rollout_end > 0 else 0.0}
+
+
+def lag_metrics(lags: np.ndarray, max_lag: int, stale_dropped: int = 0) -> Dict[str, float]:
+    """lag/{mean,p99,max,frac_over_bound} over trained samples; lag/stale_dropped counts audit drops."""
+    lags = np.asarray(lags, dtype=np.float64)
+    if len(lags) == 0:
+        return {"lag/mean": 0.0, "lag/p99": 0.0, "lag/max": 0.0, "lag/frac_over_bound": 0.0,
+                "lag/stale_dropped": float(stale_dropped)}
+    return {"lag/mean": float(lags.mean()), "lag/p99": float(np.percentile(lags, 99)),
+            "lag/max": float(lags.max()), "lag/frac_over_bound": float(np.mean(lags > max_lag)),
+            "lag/stale_dropped": float(stale_dropped)}
