@@ -1,0 +1,172 @@
+"""ASP's settings inside a MindSpeed-RL training YAML, and the cluster shape they imply.
+
+MindSpeed-RL's config classes reject unknown keys (`BaseConfig.update` raises "The key: X is missing"), but
+`parse_training_config` reads only its own sections, so ASP's settings live in a top-level `asp:` section
+(validated strictly by `mindspeed_asp.config.AspSection`). This module reads both that section and the
+MindSpeed-RL sections ASP depends on (batch size, n, NPUs, inference TP) and checks that they agree, naming
+the offending key, before any NPU is touched.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from mindspeed_asp.config import AspSection, read_yaml, validate_section
+from mindspeed_asp.errors import ConfigError
+
+CONFIG_ENV = "ASP_MSRL_CONFIG"  # path of the training YAML; exported before `ray start` by shell/ scripts
+MSRL_SECTIONS = ("megatron_training", "actor_config", "rl_config", "generate_config")
+
+
+@dataclass(frozen=True)
+class MsrlTopology:
+    """How a MindSpeed-RL + ASP run splits its NPUs and batches.
+
+    `train_npus` run the colocated Megatron workers (`rl_config.actor_resource.num_npus`); the separate
+    rollout pool has `instances` vLLM-Ascend instances of `infer_tp` NPUs each. In mode `stock` there is no
+    separate pool: MindSpeed-RL's own colocated engines (`train_npus // infer_tp` of them) generate.
+    """
+
+    asp: AspSection
+    path: str
+    gbs: int  # prompts per iteration (megatron_training.global_batch_size)
+    n: int  # rl_config.n_samples_per_prompt
+    max_tokens: int  # generate_config.sampling_config.max_tokens
+    max_prompt_length: int
+    train_npus: int
+    infer_tp: int
+    train_iters: int
+    seed: int
+    max_num_seqs: int
+    guarantee_order: bool
+
+    @property
+    def colocated_plan(self) -> bool:
+        """Mode `asp` with max_lag 0: synchronous, MindSpeed-RL's own colocated engines follow the plan."""
+        return self.asp.mode == "asp" and self.asp.max_lag == 0
+
+    @property
+    def separate_pool(self) -> bool:
+        """Modes `asp`/`async` with max_lag >= 1: a separate rollout pool and the asynchronous trainer."""
+        return self.asp.mode in ("asp", "async") and not self.colocated_plan
+
+    @property
+    def instances(self) -> int:
+        return self.asp.instances if self.separate_pool else self.colocated_instances
+
+    @property
+    def colocated_instances(self) -> int:
+        return self.train_npus // self.infer_tp
+
+    @property
+    def rollout_npus(self) -> int:
+        return self.asp.instances * self.infer_tp if self.separate_pool else 0
+
+    @property
+    def total_npus(self) -> int:
+        """Devices in MindSpeed-RL's e2e_tps denominator: trainer plus the separate rollout pool."""
+        return self.train_npus + self.rollout_npus
+
+
+def _get(data: Dict[str, Any], dotted: str, path: str, default: Any = ...) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is ...:
+                raise ConfigError("missing key (MindSpeed-RL needs it and ASP reads it)", path=path, key=dotted)
+            return default
+        node = node[part]
+    return node
+
+
+def _int(data: Dict[str, Any], dotted: str, path: str, default: Any = ..., minimum: int = 1) -> int:
+    value = _get(data, dotted, path, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}", path=path, key=dotted)
+    return value
+
+
+def topology_from_dict(data: Dict[str, Any], path: str = "<config>") -> MsrlTopology:
+    """Validate the `asp:` section and its agreement with the MindSpeed-RL sections of one YAML mapping."""
+    for section in MSRL_SECTIONS:
+        if not isinstance(data.get(section), dict):
+            raise ConfigError("missing MindSpeed-RL section", path=path, key=section)
+    if "asp" not in data:
+        raise ConfigError("no top-level 'asp:' section", path=path)
+    asp = validate_section(data["asp"], AspSection, path, prefix="asp")
+    topo = MsrlTopology(
+        asp=asp, path=path,
+        gbs=_int(data, "megatron_training.global_batch_size", path),
+        n=_int(data, "rl_config.n_samples_per_prompt", path),
+        max_tokens=_int(data, "generate_config.sampling_config.max_tokens", path),
+        max_prompt_length=_int(data, "rl_config.max_prompt_length", path, 512),
+        train_npus=_int(data, "rl_config.actor_resource.num_npus", path),
+        infer_tp=_int(data, "generate_config.infer_tensor_parallel_size", path, 1),
+        train_iters=_int(data, "megatron_training.train_iters", path),
+        seed=_int(data, "megatron_training.seed", path, 1234, minimum=0),
+        max_num_seqs=_int(data, "generate_config.max_num_seqs", path, 256),
+        guarantee_order=bool(_get(data, "rl_config.guarantee_order", path, False)),
+    )
+    _check(topo, data)
+    return topo
+
+
+def _check(t: MsrlTopology, data: Dict[str, Any]) -> None:
+    path = t.path
+    if _int(data, "generate_config.infer_pipeline_parallel_size", path, 1) != 1:
+        raise ConfigError("vLLM pipeline parallelism must be 1 (MindSpeed-RL and ASP)", path=path,
+                          key="generate_config.infer_pipeline_parallel_size")
+    if t.train_npus % t.infer_tp:
+        raise ConfigError(f"actor NPUs ({t.train_npus}) must be a multiple of infer TP ({t.infer_tp})",
+                          path=path, key="rl_config.actor_resource.num_npus")
+    if _int(data, "rl_config.partial_rollout_max_split", path, 1) != 1:
+        raise ConfigError("ASP replaces partial rollout (and guarantee_order forbids it): set it to 1",
+                          path=path, key="rl_config.partial_rollout_max_split")
+    if t.asp.mode == "stock":
+        return
+    if t.asp.minibatch_groups != t.gbs:
+        raise ConfigError(f"the trainer consumes one MindSpeed-RL batch of global_batch_size={t.gbs} groups per "
+                          f"update; set asp.minibatch_groups to {t.gbs}", path=path, key="asp.minibatch_groups")
+    if t.asp.slots > t.max_num_seqs:
+        raise ConfigError(f"more slots than vLLM's max_num_seqs ({t.max_num_seqs})", path=path, key="asp.slots")
+    if not bool(_get(data, "rl_config.use_integrated_worker", path, True)):
+        raise ConfigError("ASP drives the integrated worker only", path=path, key="rl_config.use_integrated_worker")
+    if not bool(_get(data, "rl_config.blocking", path, True)):
+        raise ConfigError("the ASP trainer calls the actor's stages blocking", path=path, key="rl_config.blocking")
+    if t.asp.mode == "asp" and not t.asp.plan_path:
+        raise ConfigError("mode 'asp' needs a dispatch plan (build it with `asp plan`)", path=path,
+                          key="asp.plan_path")
+    if t.colocated_plan and t.asp.instances != t.colocated_instances:
+        raise ConfigError(f"with max_lag 0 the plan drives MindSpeed-RL's {t.colocated_instances} colocated vLLM "
+                          f"instances (actor NPUs / infer TP); set asp.instances to {t.colocated_instances}",
+                          path=path, key="asp.instances")
+    if t.asp.mode == "asp" and not t.guarantee_order:
+        raise ConfigError("plan-ordered rows need guarantee_order: true", path=path, key="rl_config.guarantee_order")
+
+
+def load_topology(path: str | Path) -> MsrlTopology:
+    """Read a MindSpeed-RL training YAML with an `asp:` section (the files in configs/)."""
+    return topology_from_dict(read_yaml(path), str(path))
+
+
+def topology_from_env() -> Optional[MsrlTopology]:
+    """The run's topology from env ASP_MSRL_CONFIG (set by the launch scripts on every node), or None."""
+    path = os.environ.get(CONFIG_ENV)
+    return load_topology(path) if path else None
+
+
+def rollout_dispatch_size(counts: list, n: int, gbs: int, instances: int) -> int:
+    """The largest `actor_rollout_dispatch_size` (rows) under which every instance's planned groups split
+    into whole chunks: n * gcd(per-instance group counts, gbs // instances).
+
+    MindSpeed-RL's `sync_generate_process` indexes rows `range(0, dispatch_size, n)`, so every chunk must
+    hold exactly that many rows; `validate_rl_args` also requires it to divide the per-instance share.
+    """
+    g = 0
+    for c in counts:
+        g = math.gcd(g, int(c))
+    g = math.gcd(g, gbs // instances) if gbs % instances == 0 else math.gcd(g, gbs)
+    return n * max(1, g)

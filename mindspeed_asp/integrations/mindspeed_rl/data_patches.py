@@ -1,0 +1,269 @@
+"""Plan-ordered data path through MindSpeed-RL's own TransferDock (the synchronous ASP variant, max_lag 0).
+
+MindSpeed-RL decides which vLLM instance generates which prompt at two points: the row layout that
+`put_prompts_experience` gives a batch (prompt i -> rows [i*n, (i+1)*n)), and the rows each instance leader
+pulls, which with `rl_config.guarantee_order: true` come from `BaseWorker.get_dp_range_indexes(use_vllm=True)`.
+These patches make both follow the dispatch plan:
+
+1. `PromptDataLoader.__iter__` yields each iteration's batch in plan order (instance 0's queue, then
+   instance 1's, ...), with the dataset index of every prompt carried as column `asp_prompt_id`, and
+   publishes the iteration's layout to a named Ray actor (`PlanCursor`) that every worker can read.
+2. `DataStrategy.build_grpo` adds ASP's columns to the TransferDock; `put_prompts_experience` stores the
+   prompt ids in their rows (the layout itself is MindSpeed-RL's).
+3. `BaseWorker.get_dp_range_indexes(use_vllm=True)` returns instance j's planned rows, in plan order, cut
+   into chunks of exactly `actor_rollout_dispatch_size` rows (MindSpeed-RL's `sync_generate_process`
+   indexes `range(0, dispatch_size, n)`, so a short chunk would fail).
+
+Prompt ids are dataset indexes as strings (the ids `asp plan` gives MindSpeed-RL datasets).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+from mindspeed_asp.errors import ConfigError, PlanMismatchError
+
+ASP_PROMPT_ID = "asp_prompt_id"
+ROLLOUT_LOG_PROB = "rollout_log_prob"
+POLICY_VERSION = "policy_version"
+ASP_COLUMNS = [ASP_PROMPT_ID, ROLLOUT_LOG_PROB, POLICY_VERSION]
+CURSOR_NAME = "asp_plan_cursor"
+CURSOR_NAMESPACE_ENV = "ASP_RAY_NAMESPACE"
+
+
+@dataclass(frozen=True)
+class IterationLayout:
+    """One iteration's plan: per instance the ordered prompt ids; n samples per prompt."""
+
+    queues: Sequence[Sequence[str]]
+    n: int
+
+    def order(self) -> List[str]:
+        """Prompt ids in batch order: instance 0's queue, then instance 1's, ..."""
+        return [str(p) for q in self.queues for p in q]
+
+    def rows(self, instance: int) -> List[int]:
+        """TransferDock rows of an instance's groups, in plan order (prompt k of the batch owns k*n..k*n+n-1)."""
+        start = sum(len(q) for q in self.queues[:instance])
+        return list(range(start * self.n, (start + len(self.queues[instance])) * self.n))
+
+    def chunks(self, instance: int, dispatch_size: int) -> List[List[int]]:
+        """The instance's rows cut into chunks of exactly `dispatch_size` rows (whole groups)."""
+        if dispatch_size <= 0 or dispatch_size % self.n:
+            raise ConfigError(f"actor_rollout_dispatch_size {dispatch_size} must be a positive multiple of n={self.n}",
+                              key="rl_config.actor_rollout_dispatch_size")
+        rows = self.rows(instance)
+        if len(rows) % dispatch_size:
+            from mindspeed_asp.integrations.mindspeed_rl.config_section import rollout_dispatch_size
+            ok = rollout_dispatch_size([len(q) for q in self.queues], self.n, sum(map(len, self.queues)),
+                                       len(self.queues))
+            raise ConfigError(f"instance {instance} has {len(rows) // self.n} planned groups, which do not split into "
+                              f"chunks of {dispatch_size} rows; set actor_rollout_dispatch_size to {ok}",
+                              key="rl_config.actor_rollout_dispatch_size")
+        return [rows[i:i + dispatch_size] for i in range(0, len(rows), dispatch_size)]
+
+    def row_prompt_ids(self) -> List[str]:
+        return [p for p in self.order() for _ in range(self.n)]
+
+
+class PlanCursor:
+    """Holds the layout of the iteration in flight; one named Ray actor per run (see `plan_cursor`).
+
+    The trainer process publishes when it draws a batch; vLLM instance leaders (other processes) read
+    their row chunks from it inside `get_dp_range_indexes`.
+    """
+
+    def __init__(self) -> None:
+        self.iteration = -1
+        self.layout: Optional[IterationLayout] = None
+
+    def publish(self, iteration: int, queues: Sequence[Sequence[str]], n: int) -> int:
+        self.iteration, self.layout = int(iteration), IterationLayout([list(map(str, q)) for q in queues], int(n))
+        return self.iteration
+
+    def chunks(self, instance: int, instances: int, dispatch_size: int) -> List[List[int]]:
+        if self.layout is None:
+            raise RuntimeError("no iteration published to the ASP plan cursor yet")
+        if instances != len(self.layout.queues):
+            raise ConfigError(f"MindSpeed-RL runs {instances} vLLM instances but the plan has "
+                              f"{len(self.layout.queues)}; build the plan with --instances {instances}",
+                              key="asp.instances")
+        return self.layout.chunks(instance, dispatch_size)
+
+    def current(self) -> Dict[str, Any]:
+        return {"iteration": self.iteration, "order": self.layout.order() if self.layout else []}
+
+
+def plan_cursor(create: bool = False) -> Any:
+    """The run's named PlanCursor actor (created by the trainer process, looked up by workers), or None."""
+    import ray
+    namespace = os.environ.get(CURSOR_NAMESPACE_ENV) or None
+    try:
+        return ray.get_actor(CURSOR_NAME, namespace=namespace)
+    except ValueError:
+        if not create:
+            return None
+    return ray.remote(num_cpus=0)(PlanCursor).options(name=CURSOR_NAME, namespace=namespace,
+                                                      get_if_exists=True).remote()
+
+
+# ---------------------------------------------------------------------------- the plan
+def open_plan(path: str, dataset_fingerprint: Optional[str] = None) -> Any:
+    """Load the dispatch plan file written by `asp plan` (fingerprint checked by the plan loader)."""
+    from mindspeed_asp.scheduler import plan as plan_mod  # the scheduler's plan format
+    loader = getattr(plan_mod.DispatchPlan, "load")
+    try:
+        return loader(path, expected_fingerprint=dataset_fingerprint) if dataset_fingerprint else loader(path)
+    except TypeError:
+        return loader(path)
+
+
+def iteration_queues(plan: Any, iteration: int, instances: int) -> List[List[str]]:
+    """Per-instance ordered prompt ids of one iteration, from a plan exposing `instance_queue(it, j)`."""
+    return [[str(p) for p in plan.instance_queue(iteration, j)] for j in range(instances)]
+
+
+def collate_prompts(items: Sequence[Dict[str, Any]], ids: Sequence[str],
+                    additional_keys: Sequence[str]) -> Dict[str, Any]:
+    """PromptDataLoader's collator output plus the prompt-id column, in the given order."""
+    import torch
+    batch: Dict[str, Any] = {"prompts": [torch.tensor(it["input_ids"]) for it in items]}
+    for key in additional_keys:
+        if key == ASP_PROMPT_ID:
+            continue
+        batch[key] = [torch.tensor(it[key]) for it in items]
+    batch[ASP_PROMPT_ID] = [torch.tensor([int(p)]) for p in ids]
+    return batch
+
+
+class PlanOrderedBatches:
+    """Iterator of plan-ordered batches over a MindSpeed-RL prompt dataset (replaces `iter(PromptDataLoader)`).
+
+    Iteration i's batch holds exactly the prompts the plan schedules for iteration i; `publish` (the
+    PlanCursor, or any callable(iteration, queues, n)) is told the layout before the batch is returned.
+    """
+
+    def __init__(self, dataset: Any, plan: Any, instances: int, gbs: int, n: int,
+                 additional_keys: Sequence[str] = (), publish: Optional[Callable[..., Any]] = None,
+                 start_iteration: int = 0) -> None:
+        self.dataset, self.plan, self.instances, self.gbs, self.n = dataset, plan, instances, gbs, n
+        self.additional_keys = list(additional_keys)
+        self.publish = publish
+        self.iteration = start_iteration
+        self.last_queues: List[List[str]] = []
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        try:
+            queues = iteration_queues(self.plan, self.iteration, self.instances)
+        except (IndexError, KeyError):
+            raise StopIteration from None
+        ids = [p for q in queues for p in q]
+        if len(ids) != self.gbs:
+            raise PlanMismatchError(f"plan iteration {self.iteration} holds {len(ids)} prompt groups but "
+                                    f"global_batch_size is {self.gbs}; rebuild the plan with the run's batch size")
+        if len(set(ids)) != len(ids):
+            raise PlanMismatchError(f"plan iteration {self.iteration} schedules a prompt twice")
+        size = len(self.dataset)
+        items = []
+        for p in ids:
+            if not p.lstrip("-").isdigit() or not 0 <= int(p) < size:
+                raise PlanMismatchError(f"plan prompt id {p!r} is not an index of this dataset (0..{size - 1}); "
+                                        "was the plan built for another dataset?")
+            items.append(self.dataset[int(p)])
+        if self.publish is not None:
+            self.publish(self.iteration, queues, self.n)
+        self.last_queues = queues
+        self.iteration += 1
+        return collate_prompts(items, ids, self.additional_keys)
+
+
+# ---------------------------------------------------------------------------- patch functions
+def put_prompts_experience_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Store `asp_prompt_id` in its rows: add it to the keys MindSpeed-RL copies per sample."""
+    def put_prompts_experience(batch, n_samples_per_prompt, dataset_additional_keys=None, indexes=None,
+                               add_another_batch=False):
+        keys = list(dataset_additional_keys or [])
+        if ASP_PROMPT_ID in batch and ASP_PROMPT_ID not in keys:
+            keys.append(ASP_PROMPT_ID)
+        return orig(batch, n_samples_per_prompt, keys, indexes=indexes, add_another_batch=add_another_batch)
+    put_prompts_experience.__wrapped__ = orig  # type: ignore[attr-defined]
+    return put_prompts_experience
+
+
+def build_grpo_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Give the TransferDock ASP's columns (prompt id, behaviour log-probs, policy version)."""
+    def build_grpo(self, prompts_num, n_samples_per_prompt, metrics, max_age, gbs_train,
+                   addition_columns=None, reuse_image_embeds=False, dataset_additional_keys=None):
+        cols = list(addition_columns or [])
+        cols += [c for c in ASP_COLUMNS if c not in cols]
+        return orig(self, prompts_num, n_samples_per_prompt, metrics, max_age, gbs_train,
+                    addition_columns=cols, reuse_image_embeds=reuse_image_embeds,
+                    dataset_additional_keys=dataset_additional_keys)
+    build_grpo.__wrapped__ = orig  # type: ignore[attr-defined]
+    return build_grpo
+
+
+def planned_dp_range_indexes(self: Any, experience_count: int, cursor: Any) -> List[List[int]]:
+    """Instance `get_vllm_dp_rank()`'s planned row chunks for the iteration in flight."""
+    import ray
+    instance, instances = self.get_vllm_dp_rank()
+    return ray.get(cursor.chunks.remote(instance, instances, int(experience_count)))
+
+
+def get_dp_range_indexes_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM rows come from the plan when a PlanCursor is running; training ranks keep MindSpeed-RL's ranges."""
+    def get_dp_range_indexes(self, experience_count, use_vllm=False, assign_batch_size=None):
+        if use_vllm:
+            cursor = plan_cursor(create=False)
+            if cursor is not None:
+                return planned_dp_range_indexes(self, experience_count, cursor)
+        return orig(self, experience_count, use_vllm=use_vllm, assign_batch_size=assign_batch_size)
+    get_dp_range_indexes.__wrapped__ = orig  # type: ignore[attr-defined]
+    return get_dp_range_indexes
+
+
+def prompt_loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """`iter(PromptDataLoader)` yields plan-ordered batches when the run's `asp:` section asks for them."""
+    def __iter__(self):
+        from mindspeed_asp.integrations.mindspeed_rl.config_section import topology_from_env
+        topo = topology_from_env()
+        if topo is None or topo.asp.mode != "asp":
+            return orig(self)
+        plan = open_plan(topo.asp.plan_path)
+        publish = None
+        if topo.colocated_plan:  # MindSpeed-RL's own engines pull their rows through the cursor
+            import ray
+            cursor = plan_cursor(create=True)
+
+            def publish(iteration, queues, n):
+                ray.get(cursor.publish.remote(iteration, queues, n))
+        return PlanOrderedBatches(self.dataset, plan, topo.instances, topo.gbs, topo.n,
+                                  getattr(self, "asp_additional_keys", ()), publish)
+    __iter__.__wrapped__ = orig  # type: ignore[attr-defined]
+    return __iter__
+
+
+def loader_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Remember the loader's additional keys (PromptDataLoader keeps them only inside its collator)."""
+    def __init__(self, dataset, global_batch_size, num_workers, seed, dataset_additional_keys, no_shuffle,
+                 *args, **kwargs):
+        orig(self, dataset, global_batch_size, num_workers, seed, dataset_additional_keys, no_shuffle,
+             *args, **kwargs)
+        self.asp_additional_keys = list(dataset_additional_keys or [])
+    __init__.__wrapped__ = orig  # type: ignore[attr-defined]
+    return __init__
+
+
+# (target, patch) pairs; setup_hook registers them. Targets are checked against the pinned source by
+# tests/contract/test_patch_targets.py.
+DATA_PATCHES = [
+    ("mindspeed_rl.trainer.utils.transfer_dock.put_prompts_experience", put_prompts_experience_wrapper),
+    ("mindspeed_rl.trainer.utils.data_strategy.DataStrategy.build_grpo", build_grpo_wrapper),
+    ("mindspeed_rl.workers.base_worker.BaseWorker.get_dp_range_indexes", get_dp_range_indexes_wrapper),
+    ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__iter__", prompt_loader_iter_wrapper),
+    ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__init__", loader_init_wrapper),
+]

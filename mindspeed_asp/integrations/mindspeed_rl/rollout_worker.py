@@ -1,0 +1,192 @@
+"""One inference-only rollout worker per vLLM-Ascend instance (per TP rank), separate from Megatron's workers.
+
+MindSpeed-RL only runs colocated engines that move in lockstep with training. ASP's instances are
+independent: each is `infer_tp` of these workers (an SPMD vLLM engine with `external_launcher`, its own
+torch.distributed world of size infer_tp), generating continuously while the trainer updates.
+
+Lockstep inside an instance: every TP rank must run the same engine calls in the same order, so the
+driver never lets a worker free-run; it calls `run(new_groups, steps)` with identical arguments on all TP
+ranks of an instance: add the new requests, run that many `engine.step()`s, return what finished. Only TP
+rank 0's answer is used. Prompts go in as `prompt_token_ids` (MindSpeed-RL master decodes them to text and
+re-tokenises), and vLLM's per-token log-probs are kept (MindSpeed-RL drops them).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from mindspeed_asp.errors import WeightSyncError
+
+
+@dataclass
+class GroupJob:
+    """A prompt group to generate: `gid` is its row in the epoch's prompt set, `version` the policy version
+    current when it was admitted (the oldest version that can produce its tokens)."""
+
+    gid: int
+    prompt_token_ids: List[int]
+    version: int
+
+
+@dataclass
+class GroupOutput:
+    gid: int
+    instance: int
+    prompt_token_ids: List[int]
+    responses: List[List[int]]
+    logprobs: List[List[float]]
+    version: int  # oldest policy version that produced any of its tokens
+    start: float
+    end: float
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+def make_sampling_params(sampling: Dict[str, Any], n: int) -> Any:
+    """vLLM SamplingParams from MindSpeed-RL's `generate_config.sampling_config` (logprobs of the sampled token)."""
+    from vllm import SamplingParams
+    return SamplingParams(n=n, logprobs=0, max_tokens=int(sampling.get("max_tokens", 128)),
+                          top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", -1)),
+                          min_p=float(sampling.get("min_p", 0.0)),
+                          temperature=float(sampling.get("temperature", 1.0)),
+                          detokenize=False, ignore_eos=bool(sampling.get("ignore_eos", False)),
+                          seed=sampling.get("seed"))
+
+
+def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_path: str) -> Any:
+    """MindSpeed-RL's VLLMInferEngine without Megatron parallel state (train sizes None), megatron load format.
+
+    It loads dummy weights, installs MindSpeed-RL's megatron weight loaders and vllm-ascend's patches; the
+    real weights arrive with the first sync (version 0).
+    """
+    from mindspeed_rl.models.rollout.vllm_engine import VLLMInferEngine  # NPU nodes only
+    g = generate_config
+    return VLLMInferEngine(
+        tokenizer_name_or_path=tokenizer_name_or_path,
+        train_tensor_parallel_size=None, train_pipeline_parallel_size=None, train_expert_parallel_size=None,
+        train_context_parallel_size=None,
+        infer_tensor_parallel_size=int(g.get("infer_tensor_parallel_size", 1)),
+        infer_pipeline_parallel_size=1,
+        infer_expert_parallel_size=int(g.get("infer_expert_parallel_size", 1)),
+        sampling_config=dict(g.get("sampling_config", {})),
+        enable_prefix_caching=bool(g.get("enable_prefix_caching", False)),
+        max_num_seqs=int(g.get("max_num_seqs", 256)), max_model_len=int(g.get("max_model_len", 4096)),
+        max_num_batched_tokens=int(g.get("max_num_batched_tokens", 8192)), dtype=g.get("dtype", "bfloat16"),
+        gpu_memory_utilization=float(g.get("gpu_memory_utilization", 0.8)),
+        trust_remote_code=bool(g.get("trust_remote_code", True)), load_format="megatron",
+        enforce_eager=bool(g.get("enforce_eager", False)), torchair_graph=bool(g.get("torchair_graph", False)),
+        enable_expert_parallel=bool(g.get("enable_expert_parallel", False)),
+    )
+
+
+class RolloutWorker:
+    """Owns one vLLM engine (one TP rank of instance `instance`); driven step-wise by the rollout driver.
+
+    `engine_factory()` returns either MindSpeed-RL's VLLMInferEngine (attribute `llm`, Ascend) or a plain
+    `vllm.LLM` (CPU/GPU tests); both expose vLLM's `LLMEngine` for add_request/step.
+    """
+
+    def __init__(self, instance: int, tp_rank: int, n: int, sampling: Dict[str, Any],
+                 engine_factory: Callable[[], Any]) -> None:
+        self.instance, self.tp_rank, self.n = instance, tp_rank, n
+        self.params = make_sampling_params(sampling, n)
+        self.engine_obj = engine_factory()
+        self.llm = getattr(self.engine_obj, "llm", self.engine_obj)
+        self.engine = self.llm.llm_engine
+        self.version = -1 if hasattr(self.engine_obj, "sync_model_weights") else 0
+        self.jobs: Dict[str, GroupJob] = {}
+        self.started: Dict[str, float] = {}
+        self.busy_time = 0.0
+        self.decode_steps = 0
+        self.generated_tokens = 0
+        self._comm: Any = None
+        self._group: Any = None
+        self._buffers: Dict[str, Any] = {}
+        self._kv_ready = not hasattr(self.engine_obj, "init_cache_engine")
+
+    # ------------------------------------------------------------------ generation
+    def run(self, new_jobs: List[GroupJob], steps: int) -> List[GroupOutput]:
+        """Add `new_jobs`, run up to `steps` engine steps, return the groups that finished (TP-rank lockstep)."""
+        if self.version < 0:
+            raise RuntimeError(f"instance {self.instance} has no weights yet: run a weight sync first")
+        if not self._kv_ready:
+            self.engine_obj.init_cache_engine()  # once; the KV cache stays resident between calls
+            self._kv_ready = True
+        now = time.monotonic()
+        for job in new_jobs:
+            rid = f"g{job.gid}"
+            self.jobs[rid] = job
+            self.started[rid] = now
+            self.engine.add_request(rid, {"prompt_token_ids": list(job.prompt_token_ids)}, self.params)
+        done: List[GroupOutput] = []
+        t0 = time.monotonic()
+        for _ in range(max(1, steps)):
+            if not self.engine.has_unfinished_requests():
+                break
+            outputs = self.engine.step()
+            self.decode_steps += 1
+            for out in outputs:
+                if out.finished and out.request_id in self.jobs:
+                    done.append(self._collect(out))
+        self.busy_time += time.monotonic() - t0 if self.jobs or done else 0.0
+        return done
+
+    def _collect(self, out: Any) -> GroupOutput:
+        job = self.jobs.pop(out.request_id)
+        start = self.started.pop(out.request_id)
+        responses, logprobs = [], []
+        for c in out.outputs:
+            ids = list(c.token_ids)
+            responses.append(ids)
+            lp = []
+            for tok, d in zip(ids, c.logprobs or []):
+                lp.append(float(d[tok].logprob) if tok in d else float("nan"))
+            logprobs.append(lp)
+            self.generated_tokens += len(ids)
+        return GroupOutput(job.gid, self.instance, list(job.prompt_token_ids), responses, logprobs,
+                           job.version, start, time.monotonic())
+
+    def unfinished(self) -> int:
+        return len(self.jobs)
+
+    def stats(self) -> Dict[str, Any]:
+        """Per-instance timings for the trainer's metrics (`timing/rollout_inst{k}`)."""
+        return {"instance": self.instance, "busy_s": self.busy_time, "decode_steps": self.decode_steps,
+                "generated_tokens": self.generated_tokens, "version": self.version, "in_flight": len(self.jobs)}
+
+    # ------------------------------------------------------------------ weights
+    def init_weight_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
+        """Join the trainer's HCCL group (one per infer-TP rank) as `rank`; fails loudly when HCCL is off."""
+        from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import hccl_communicator, stateless_group
+        import torch
+        self._group = stateless_group(host, port, rank, world_size)
+        device = torch.device(f"npu:{torch.npu.current_device()}")  # type: ignore[attr-defined]
+        self._comm = hccl_communicator(self._group, device)
+        self._device = device
+        return True
+
+    def receive_weights(self) -> int:
+        """Receive one broadcast round (src = the trainer's sender, rank 0 of the group) and load it."""
+        from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import recv_state
+        if self._comm is None:
+            raise WeightSyncError(f"instance {self.instance}: weight group not initialised")
+        version, params = recv_state(self._comm, self._group, self._device, src=0, keep=self._buffers)
+        self._buffers = params  # MindSpeed-RL's loader aliases param.data to these: keep them alive
+        self.engine_obj.sync_model_weights(params, load_format="megatron")
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return version
+
+
+def rollout_actor_class(num_npus_per_worker: float = 1.0) -> Any:
+    """The Ray actor class of RolloutWorker on Ascend (one NPU per TP rank)."""
+    import ray
+    return ray.remote(resources={"NPU": num_npus_per_worker}, num_cpus=1)(RolloutWorker)
+
+
+def instance_env(instance: int, tp_rank: int, tp: int, master_addr: str, master_port: int) -> Dict[str, str]:
+    """torch.distributed env of one instance's SPMD world (vLLM's external_launcher reads it)."""
+    return {"WORLD_SIZE": str(tp), "RANK": str(tp_rank), "LOCAL_RANK": "0", "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port), "ASP_ROLLOUT_INSTANCE": str(instance),
+            "VLLM_ASCEND_ENABLE_NZ": os.environ.get("VLLM_ASCEND_ENABLE_NZ", "0")}
