@@ -1,0 +1,116 @@
+"""`asp simulate`: compare planners side by side in the event-driven pipeline simulator.
+
+Prints one table (mean over seeds), writes `simulate.json` and three PNGs (instance Gantt chart, queue
+occupancy, bubble breakdown) into --out. Heavy imports stay inside the handler so `asp --help` is fast.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def _seeds(text: str):
+    from mindspeed_asp.errors import InputError
+
+    try:
+        if "-" in text and "," not in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            return list(range(lo, hi + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"seeds must look like 0,1,2 or 0-4, got {text!r}", key="--seeds") from None
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="simulate planners side by side (bubbles, lag, lower bounds)",
+        description="Plan one window of a workload with each planner and simulate instances, the streaming "
+                    "trainer and the lag bound. rho sets the trainer: total train time = rho * R_LB of the "
+                    "workload (the rollout lower bound with true lengths). A planner may carry its own mode: "
+                    "'stock@stock' is MindSpeed-RL's synchronous pipeline.")
+    p.add_argument("--workload", required=True,
+                   help="synthetic:prompts=512,n=8,seed=0 | alpaca:<path> | splitwise:<path>")
+    p.add_argument("--planners", default="asp,stock@stock,round_robin,sorted_asc,verl_kk,lpt,oracle_asp",
+                   help="comma list, each NAME or NAME@MODE (mode stream|stock|single)")
+    p.add_argument("--instances", type=int, default=8)
+    p.add_argument("--slots", type=int, default=64, help="B, max concurrent sequences per instance")
+    p.add_argument("--kv-budget", type=int, default=None, help="KV tokens per instance (default unbounded)")
+    p.add_argument("--kv-policy", choices=("preempt", "reserve"), default="preempt")
+    p.add_argument("--minibatch", type=int, default=32, help="M, groups per trainer update")
+    p.add_argument("--rho", type=float, default=1.0, help="trainer work / rollout lower bound")
+    p.add_argument("--overhead", type=float, default=0.0, help="fixed seconds per trainer update")
+    p.add_argument("--max-lag", type=int, default=1)
+    p.add_argument("--stale-policy", choices=("wait", "drop"), default="wait")
+    p.add_argument("--sync-time", type=float, default=0.0, help="seconds per weight-sync round")
+    p.add_argument("--mode", choices=("stream", "stock", "single"), default="stream")
+    p.add_argument("--single-scaling", default=None,
+                   help="speed-up curve of one m-device instance for mode single: power:E | amdahl:F | "
+                        "table:1=1,2=1.7,...")
+    p.add_argument("--estimator", choices=("history", "cold_start", "oracle"), default="history")
+    p.add_argument("--cost-file", default=None, help="JSON with a, b, c, p (from `asp fit-cost`)")
+    p.add_argument("--seeds", default="0", help="e.g. 0,1,2 or 0-4")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from mindspeed_asp.errors import InputError
+    from mindspeed_asp.scheduler.types import CostModel
+    from mindspeed_asp.sim import sweep
+    from mindspeed_asp.sim.cost_fit import load_cost_json
+
+    for key, val, lo in (("--instances", args.instances, 1), ("--slots", args.slots, 1),
+                         ("--minibatch", args.minibatch, 1), ("--max-lag", args.max_lag, 0)):
+        if val < lo:
+            raise InputError(f"must be >= {lo}, got {val}", key=key)
+    if args.rho < 0 or args.overhead < 0 or args.sync_time < 0:
+        raise InputError("--rho, --overhead and --sync-time must be >= 0", key="--rho")
+    planners = sweep.parse_planners(args.planners, args.mode)
+    scaling = sweep.parse_scaling(args.single_scaling)
+    if scaling is None and any(m == "single" for _, _, m in planners):
+        raise InputError("mode single needs --single-scaling (the speed-up curve of one big instance)",
+                         key="--single-scaling")
+    cost = load_cost_json(args.cost_file) if args.cost_file else CostModel()
+    cfg = sweep.SweepConfig(instances=args.instances, slots=args.slots, kv_budget=args.kv_budget,
+                            minibatch=args.minibatch, rho=args.rho, max_lag=args.max_lag, mode=args.mode,
+                            sync_time=args.sync_time, overhead=args.overhead, estimator=args.estimator,
+                            stale_policy=args.stale_policy, cost=cost, single_scaling=scaling)
+    seeds = _seeds(args.seeds)
+    if not seeds:
+        raise InputError("no seeds", key="--seeds")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        results = sweep.compare(args.workload, planners, cfg, seeds, progress=not args.quiet)
+    except ValueError as exc:  # planner/simulator refusals on this input
+        raise InputError(str(exc), key="--workload") from None
+    rows = {label: sweep.mean_metrics(rs) for label, rs in results.items()}
+    modes = {label: mode for label, _, mode in planners}
+    print(f"workload {args.workload}: {args.instances} instances x {args.slots} slots, M={args.minibatch}, "
+          f"rho={args.rho}, max_lag={args.max_lag}, seeds={seeds}, cost a={cost.a:.3g} b={cost.b:.3g} "
+          f"c={cost.c:.3g} p={cost.p:.3g}")
+    print(sweep.format_table(rows, modes))
+    payload = {
+        "workload": args.workload, "seeds": seeds,
+        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
+        "cost": {"a": cost.a, "b": cost.b, "c": cost.c, "p": cost.p, "source": cost.source},
+        "mean": rows,
+        "runs": {label: [r.summary() for r in rs] for label, rs in results.items()},
+    }
+    (out / "simulate.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    files = [out / "simulate.json"]
+    if not args.no_plots:
+        from mindspeed_asp.sim import plots
+
+        first = [rs[0] for rs in results.values()]
+        files.append(plots.gantt(first[:6], out / "gantt.png"))
+        files.append(plots.queue_occupancy(first, args.minibatch, out / "queue_occupancy.png"))
+        files.append(plots.bubble_breakdown(rows, out / "bubbles.png"))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0 if all(np.isfinite(r["time/iteration"]) for r in rows.values()) else 1

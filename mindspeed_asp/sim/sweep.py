@@ -1,0 +1,221 @@
+"""Side-by-side runs of several planners on one workload and seeds: shared by `asp simulate` and the benchmark.
+
+Why one place: the comparison must use the same workload, estimate, trainer (alpha from rho) and seeds for
+every planner, and the CLI table and the benchmark tables must mean the same thing.
+
+Conventions:
+- the trainer's alpha is set so that total train time = rho * R_LB of the workload's true lengths under the
+  simulated cluster (R_LB does not depend on any planner, so every planner faces the same trainer);
+- non-oracle planners see the history estimate (or the `estimator` chosen); `oracle_*` planners see the
+  OracleEstimator (true lengths);
+- a planner may carry its own mode as `name@mode` (e.g. `stock@stock`); otherwise the sweep's mode is used.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mindspeed_asp.errors import InputError
+from mindspeed_asp.scheduler.types import CostModel, InstanceSpec, PlanningProblem
+from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.pipeline import MODES, SimResult, simulate_pipeline
+from mindspeed_asp.sim.trainer import trainer_for_rho
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Cluster, trainer and pipeline settings shared by every planner of a comparison."""
+
+    instances: int = 8
+    slots: int = 64
+    kv_budget: Optional[int] = None
+    minibatch: int = 32
+    rho: float = 1.0
+    max_lag: int = 1
+    mode: str = "stream"
+    sync_time: float = 0.0
+    overhead: float = 0.0
+    estimator: str = "history"
+    stale_policy: str = "wait"
+    cost: CostModel = CostModel()
+    single_scaling: Optional[Callable[[int], float]] = None
+
+
+def parse_scaling(text: Optional[str]) -> Optional[Callable[[int], float]]:
+    """`power:E` -> m**E; `amdahl:F` -> 1 / (F + (1-F)/m); `table:1=1,2=1.7,4=2.6` -> interpolated in log m."""
+    if text is None or text == "":
+        return None
+    kind, _, arg = text.partition(":")
+    try:
+        if kind == "power":
+            e = float(arg)
+            return lambda m: float(m) ** e
+        if kind == "amdahl":
+            f = float(arg)
+            if not 0.0 <= f <= 1.0:
+                raise ValueError
+            return lambda m: 1.0 / (f + (1.0 - f) / float(m))
+        if kind == "table":
+            pts = sorted((float(k), float(v)) for k, v in (p.split("=") for p in arg.split(",")))
+            xs = np.log([p[0] for p in pts])
+            ys = [p[1] for p in pts]
+            return lambda m: float(np.interp(np.log(m), xs, ys))
+    except (ValueError, TypeError):
+        pass
+    raise InputError(f"bad scaling curve {text!r}: use power:E, amdahl:F (0..1) or table:1=1,2=1.7,...",
+                     key="--single-scaling")
+
+
+def parse_planners(text: str, default_mode: str) -> List[Tuple[str, str, str]]:
+    """'asp,stock@stock' -> [(label, planner, mode)], checking names and modes."""
+    from mindspeed_asp.scheduler.planners import PLANNERS
+
+    out = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, _, mode = item.partition("@")
+        mode = mode or default_mode
+        if name not in PLANNERS:
+            raise InputError(f"unknown planner {name!r}; choose from {', '.join(PLANNERS)}", key="--planners")
+        if mode not in MODES:
+            raise InputError(f"unknown mode {mode!r} in {item!r}; choose from {', '.join(MODES)}",
+                             key="--planners")
+        out.append((item, name, mode))
+    if not out:
+        raise InputError("no planners given", key="--planners")
+    return out
+
+
+def seeded_spec(spec: str, seed: int) -> str:
+    """The workload spec for one seed: synthetic workloads are redrawn, traces stay the same."""
+    if not spec.startswith("synthetic:"):
+        return spec
+    body = spec[len("synthetic:"):]
+    items = [p for p in body.split(",") if p.strip() and not p.strip().startswith("seed=")]
+    return "synthetic:" + ",".join(items + [f"seed={seed}"])
+
+
+@dataclass
+class Workbench:
+    """One resolved workload with both estimates, ready to plan and simulate many planners."""
+
+    workload: object  # ResolvedWorkload
+    estimate: object
+    oracle: object
+    r_lb: float
+    seed: int
+
+
+def prepare(spec: str, cfg: SweepConfig, seed: int) -> Workbench:
+    """Resolve the workload for `seed` and build its estimates and reference rollout bound."""
+    from mindspeed_asp.config import EstimatorSection
+    from mindspeed_asp.scheduler.estimators import OracleEstimator, make_estimator
+    from mindspeed_asp.workloads.spec import workload_from_spec
+
+    wl = workload_from_spec(seeded_spec(spec, seed))
+    est = make_estimator(EstimatorSection(kind=cfg.estimator), wl.truth).estimate(
+        wl.prompts, wl.history, wl.max_new_tokens)
+    orc = OracleEstimator(wl.truth).estimate(wl.prompts, wl.history, wl.max_new_tokens)
+    spec_i = InstanceSpec(slots=cfg.slots, kv_budget=cfg.kv_budget)
+    r_lb = lower_bounds(wl.truth, wl.prompts.prompt_lens, cfg.instances, spec_i, cfg.cost)["rollout/R_LB"]
+    return Workbench(workload=wl, estimate=est, oracle=orc, r_lb=r_lb, seed=seed)
+
+
+def run_planner(wb: Workbench, planner: str, mode: str, cfg: SweepConfig, **sim_kw) -> Tuple[SimResult, float]:
+    """Plan with `planner` and simulate in `mode`; returns the result and the planning wall time (s)."""
+    from mindspeed_asp.scheduler.planners import get_planner, needs_oracle
+
+    wl = wb.workload
+    problem = PlanningProblem(prompts=wl.prompts, estimate=wb.oracle if needs_oracle(planner) else wb.estimate,
+                              instances=cfg.instances, spec=InstanceSpec(slots=cfg.slots, kv_budget=cfg.kv_budget),
+                              minibatch=cfg.minibatch, cost=cfg.cost, max_new_tokens=int(wl.max_new_tokens),
+                              rho=cfg.rho, seed=wb.seed)
+    trainer = trainer_for_rho(cfg.rho, wl.truth, wl.prompts.prompt_lens, wb.r_lb, cfg.minibatch, cfg.overhead)
+    t0 = time.perf_counter()
+    assignment = get_planner(planner)(problem, np.random.default_rng(wb.seed))
+    plan_s = time.perf_counter() - t0
+    res = simulate_pipeline(problem, assignment, wl.truth, mode=mode, max_lag=cfg.max_lag, trainer=trainer,
+                            sync_time=cfg.sync_time, single_scaling=cfg.single_scaling,
+                            stale_policy=cfg.stale_policy, **sim_kw)
+    res.params["plan_seconds"] = plan_s
+    res.params["rho"] = cfg.rho
+    return res, plan_s
+
+
+def compare(spec: str, planners: Sequence[Tuple[str, str, str]], cfg: SweepConfig, seeds: Sequence[int],
+            progress: bool = True) -> Dict[str, List[SimResult]]:
+    """Every planner on every seed: {label: [SimResult per seed]} (tqdm progress on stderr)."""
+    from tqdm import tqdm
+
+    out: Dict[str, List[SimResult]] = {label: [] for label, _, _ in planners}
+    bar = tqdm(total=len(seeds) * len(planners), desc="simulate", unit="run", disable=not progress)
+    for seed in seeds:
+        wb = prepare(spec, cfg, seed)
+        for label, name, mode in planners:
+            bar.set_postfix_str(f"seed={seed} {label}")
+            res, _ = run_planner(wb, name, mode, cfg)
+            out[label].append(res)
+            bar.update(1)
+    bar.close()
+    return out
+
+
+def mean_metrics(results: Sequence[SimResult]) -> Dict[str, float]:
+    """Mean over seeds of every metric, bound and % above bound (keys prefixed bound:/above:)."""
+    keys = set()
+    for r in results:
+        keys.update(r.metrics)
+        keys.update(f"bound:{k}" for k in r.bounds)
+        keys.update(f"above:{k}" for k in r.above)
+    out = {}
+    for k in sorted(keys):
+        vals = []
+        for r in results:
+            if k.startswith("bound:"):
+                vals.append(r.bounds.get(k[6:], np.nan))
+            elif k.startswith("above:"):
+                vals.append(r.above.get(k[6:], np.nan))
+            else:
+                vals.append(r.metrics.get(k, np.nan))
+        out[k] = float(np.nanmean(vals)) if np.any(np.isfinite(vals)) else float("nan")
+    out["plan_seconds"] = float(np.mean([r.params.get("plan_seconds", np.nan) for r in results]))
+    return out
+
+
+TABLE_COLUMNS = (
+    ("mode", None, "{}"),
+    ("iter s", "time/iteration", "{:.1f}"),
+    ("%>LB", "above:time/iteration", "{:.1f}"),
+    ("rollout s", "time/rollout", "{:.1f}"),
+    ("%>R_LB", "above:rollout/makespan_busy", "{:.1f}"),
+    ("pad%", "bubble/padding", "{:.1%}"),
+    ("skew%", "bubble/skewness", "{:.1%}"),
+    ("sort%", "bubble/sorting", "{:.1%}"),
+    ("lag max", "lag/max", "{:.0f}"),
+    ("e2e_tps", "throughput/e2e_tps", "{:.0f}"),
+    ("plan s", "plan_seconds", "{:.2f}"),
+)
+
+
+def format_table(rows: Dict[str, Dict[str, float]], modes: Dict[str, str]) -> str:
+    """A plain-text side-by-side table (one row per planner label)."""
+    header = ["planner"] + [c for c, _, _ in TABLE_COLUMNS]
+    body = []
+    for label, met in rows.items():
+        line = [label]
+        for col, key, fmt in TABLE_COLUMNS:
+            if key is None:
+                line.append(modes.get(label, ""))
+                continue
+            v = met.get(key, float("nan"))
+            line.append("nan" if v is None or not np.isfinite(v) else fmt.format(v))
+        body.append(line)
+    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+    fmt_row = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt_row(header), fmt_row(["-" * w for w in widths])] + [fmt_row(r) for r in body])
+
+
+def with_mode(cfg: SweepConfig, **kw) -> SweepConfig:
+    return replace(cfg, **kw)
