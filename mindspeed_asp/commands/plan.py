@@ -1,0 +1,219 @@
+"""`asp plan`: build the epoch's DispatchPlan (the offline pass) and print a short summary.
+
+    asp plan --dataset prompts.jsonl --history hist.parquet --instances 8 --slots 64 --minibatch 32 \\
+        [--planner asp] [--groups-per-iteration 512] [--n 8] [--max-new-tokens 4096] [--cost cost.json] \\
+        [--rho 1.0] [--truth truth.parquet] -o plan.parquet
+
+Without --history every prompt gets the cold-start estimate. Planners named oracle_* (oracle_asp,
+oracle_lpt, oracle_verl_kk) plan with true lengths read from --truth (a length-history file; its latest epoch,
+or --truth-epoch). --config takes defaults from a YAML's `asp:` section; flags win.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="build a dispatch plan for an epoch (the offline pass)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True, help="prompt dataset, JSON Lines with prompt_id and prompt_len")
+    p.add_argument("--history", default=None, help="length history (.parquet or .jsonl)")
+    p.add_argument("--config", default=None, help="YAML whose asp: section supplies defaults")
+    p.add_argument("--instances", type=int, default=None, help="inference instances N")
+    p.add_argument("--slots", type=int, default=None, help="max concurrent sequences per instance B")
+    p.add_argument("--minibatch", type=int, default=None, help="trainer minibatch M, in prompt groups")
+    p.add_argument("--planner", default=None, help="asp (default) or a baseline: stock, random, sorted_asc, "
+                   "sorted_desc, round_robin, least_loaded, verl_kk, lpt, oracle_asp, oracle_lpt, oracle_verl_kk")
+    p.add_argument("--groups-per-iteration", type=int, default=None,
+                   help="prompt groups per training iteration (default: the whole dataset is one iteration)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="generation cap (default: the longest length in the history)")
+    p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c, p)")
+    p.add_argument("--rho", type=float, default=None, help="trainer work / rollout time (default 1.0)")
+    p.add_argument("--kv-budget", type=int, default=None, help="KV budget per instance, tokens")
+    p.add_argument("--estimator", default=None, choices=("history", "cold_start"),
+                   help="length estimator (default history)")
+    p.add_argument("--truth", default=None, help="true lengths for oracle_* planners (length-history file)")
+    p.add_argument("--truth-epoch", type=int, default=None, help="epoch of --truth to use (default: latest)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", default=None, choices=("parquet", "jsonl"), help="default: from -o's suffix")
+    p.add_argument("--json", default=None, help="also write the summary as JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-o", "--output", required=True, help="plan file (.parquet or .jsonl)")
+    p.set_defaults(func=run)
+
+
+def _positive(value: Optional[int], flag: str) -> None:
+    from mindspeed_asp.errors import InputError
+
+    if value is not None and value < 1:
+        raise InputError(f"must be >= 1, got {value}", key=flag)
+
+
+def read_cost(path: str):
+    """CostModel from a JSON file with a, b, c[, p] at the top level or under "cost"."""
+    from mindspeed_asp.errors import InputError
+    from mindspeed_asp.scheduler.types import CostModel
+
+    fpath = Path(path)
+    if not fpath.is_file():
+        raise InputError("cost file not found", path=path)
+    try:
+        data = json.loads(fpath.read_text())
+    except ValueError as exc:
+        raise InputError(f"invalid JSON: {exc}", path=path) from None
+    if isinstance(data, dict) and isinstance(data.get("cost"), dict):
+        data = data["cost"]
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object with keys a, b, c", path=path)
+    vals: Dict[str, float] = {}
+    for key in ("a", "b", "c", "p"):
+        if key not in data:
+            if key == "p":
+                vals[key] = 0.0
+                continue
+            raise InputError("missing cost coefficient", path=path, key=key)
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise InputError(f"must be a non-negative number, got {v!r}", path=path, key=key)
+        vals[key] = float(v)
+    return CostModel(source=str(path), **vals)
+
+
+def _truth_matrix(path: str, epoch: Optional[int], prompts):
+    from mindspeed_asp.errors import InputError
+    from mindspeed_asp.scheduler.history import LengthHistory
+
+    hist = LengthHistory.load(path)
+    epochs = hist.epochs()
+    if not epochs:
+        raise InputError("truth file holds no lengths", path=path)
+    e = epochs[-1] if epoch is None else int(epoch)
+    if e not in epochs:
+        raise InputError(f"no epoch {e} in truth file (epochs: {epochs})", path=path, key="epoch")
+    mat = hist.epoch_matrix([str(p) for p in prompts.prompt_ids], e, prompts.n)
+    missing = (mat < 0).any(axis=1)
+    if missing.any():
+        first = str(prompts.prompt_ids[int(missing.argmax())])
+        raise InputError(f"epoch {e} lacks {prompts.n} true lengths for {int(missing.sum())} prompt(s), first "
+                         f"prompt_id {first!r}", path=path)
+    return mat.astype(float), e
+
+
+def run(args) -> int:
+    from mindspeed_asp.config import AspSection, EstimatorSection, load_asp_section
+    from mindspeed_asp.errors import InputError
+    from mindspeed_asp.scheduler.build import estimate_lengths, build_plan
+    from mindspeed_asp.scheduler.history import LengthHistory
+    from mindspeed_asp.scheduler.plan import plan_format
+    from mindspeed_asp.scheduler.planners import PLANNERS, needs_oracle
+    from mindspeed_asp.scheduler.types import CostModel
+    from mindspeed_asp.workloads.prompts import load_prompt_set
+
+    asp = load_asp_section(args.config) if args.config else None
+    base = asp or AspSection()
+    instances = args.instances if args.instances is not None else (asp.instances if asp else None)
+    slots = args.slots if args.slots is not None else (asp.slots if asp else None)
+    minibatch = args.minibatch if args.minibatch is not None else (asp.minibatch_groups if asp else None)
+    for value, flag in ((instances, "--instances"), (slots, "--slots"), (minibatch, "--minibatch")):
+        if value is None:
+            raise InputError("required (or give --config with an asp: section)", key=flag)
+    for value, flag in ((instances, "--instances"), (slots, "--slots"), (minibatch, "--minibatch"),
+                        (args.n, "--n"), (args.groups_per_iteration, "--groups-per-iteration"),
+                        (args.max_new_tokens, "--max-new-tokens"), (args.kv_budget, "--kv-budget")):
+        _positive(value, flag)
+    planner = args.planner or base.planner
+    if planner not in PLANNERS:
+        raise InputError(f"unknown planner {planner!r}; choose one of: {', '.join(PLANNERS)}", key="--planner")
+    rho = args.rho if args.rho is not None else (base.rho or 1.0)
+    if rho <= 0:
+        raise InputError(f"must be > 0, got {rho}", key="--rho")
+    plan_format(args.output, args.format)  # fail on a bad suffix before any work
+
+    prompts = load_prompt_set(args.dataset, n=args.n)
+    history_path = args.history or (asp.history_path if asp else None)
+    history = LengthHistory.load(history_path) if history_path else None
+    max_new = args.max_new_tokens
+    if max_new is None:
+        if history is None or history.num_samples == 0:
+            raise InputError("required when no --history gives the generation cap", key="--max-new-tokens")
+        max_new = int(history.records()[3].max())
+    if args.cost:
+        cost = read_cost(args.cost)
+    elif asp is not None and asp.cost.file:
+        cost = read_cost(asp.cost.file)
+    elif asp is not None:
+        c = asp.cost
+        cost = CostModel(a=c.a, b=c.b, c=c.c, p=c.p, source=f"{args.config} asp.cost")
+    else:
+        cost = CostModel()
+    section = base.estimator if asp else EstimatorSection()
+    if args.estimator:
+        section = section.model_copy(update={"kind": args.estimator})
+    truth, truth_epoch = None, None
+    if needs_oracle(planner):
+        if not args.truth:
+            raise InputError(f"planner {planner} plans with true lengths: give --truth", key="--truth")
+        truth, truth_epoch = _truth_matrix(args.truth, args.truth_epoch, prompts)
+    est = estimate_lengths(prompts, history, max_new, planner=planner, estimator_section=section,
+                           true_lengths=truth)
+    provenance: Dict[str, Any] = {"dataset": str(args.dataset), "history": history_path, "cost_file": args.cost,
+                                  "config": args.config}
+    if truth is not None:
+        provenance.update({"truth": args.truth, "truth_epoch": truth_epoch})
+    result = build_plan(prompts, est, instances=instances, slots=slots, minibatch=minibatch,
+                        max_new_tokens=max_new, planner=planner, groups_per_iteration=args.groups_per_iteration,
+                        cost=cost, rho=rho, kv_budget=args.kv_budget, seed=args.seed, provenance=provenance,
+                        progress=False if args.no_progress else None)
+    out = result.plan.save(args.output, args.format)
+    summary = plan_summary(result, max_new)
+    print(format_summary(summary, str(out)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def plan_summary(result, max_new_tokens: int) -> Dict[str, Any]:
+    """Machine-readable summary of a built plan (also printed as a table)."""
+    plan = result.plan
+    sums = result.summaries
+    makespan = float(sum(s.makespan for s in sums))
+    bound = float(sum(s.bound for s in sums))
+    est = result.estimate
+    return {
+        "groups": plan.num_groups,
+        "samples": plan.num_groups * int(plan.header["n"]),
+        "iterations": plan.num_iterations,
+        "instances": plan.instances,
+        "planner": plan.header["planner"],
+        "estimator": est.estimator,
+        "with_history": int(est.has_history.sum()),
+        "max_new_tokens": int(max_new_tokens),
+        "pred_makespan_s": makespan,
+        "pred_bound_s": bound,
+        "pred_above_bound_pct": 100.0 * (makespan / bound - 1.0) if bound > 0 else 0.0,
+        "pred_max_over_mean_worst": max((s.max_over_mean for s in sums), default=1.0),
+        "pred_max_over_mean_mean": float(sum(s.max_over_mean for s in sums) / max(len(sums), 1)),
+        "dataset_fingerprint": plan.fingerprint,
+    }
+
+
+def format_summary(s: Dict[str, Any], path: str) -> str:
+    lines = [
+        f"wrote {path}",
+        f"  groups            {s['groups']} ({s['samples']} samples) in {s['iterations']} iteration(s) "
+        f"on {s['instances']} instance(s)",
+        f"  planner           {s['planner']}   estimator {s['estimator']} "
+        f"({s['with_history']}/{s['groups']} groups with history, cap {s['max_new_tokens']})",
+        f"  load balance      predicted max/mean instance time {s['pred_max_over_mean_mean']:.3f} "
+        f"(worst iteration {s['pred_max_over_mean_worst']:.3f})",
+        f"  rollout makespan  predicted {s['pred_makespan_s']:.1f} s vs bound {s['pred_bound_s']:.1f} s "
+        f"(+{s['pred_above_bound_pct']:.1f}%)",
+        f"  dataset           fingerprint {s['dataset_fingerprint']}",
+    ]
+    return "\n".join(lines)

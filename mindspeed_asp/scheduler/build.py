@@ -1,0 +1,157 @@
+"""Build a DispatchPlan over an epoch: estimate once, cut iteration windows, plan each, record provenance.
+
+Why windows: a training iteration consumes `groups_per_iteration` prompts (MindSpeed-RL's global batch), and
+the instances finish one iteration's groups before the next iteration's are dispatched in stock mode, so each
+window is an independent planning problem. The whole epoch is estimated in one vectorised call, then sliced.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from mindspeed_asp import __version__
+from mindspeed_asp.scheduler.fluid import group_moments, instance_times, rollout_lower_bound
+from mindspeed_asp.scheduler.plan import DispatchPlan
+from mindspeed_asp.scheduler.planners import get_planner, needs_oracle
+from mindspeed_asp.scheduler.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+                                           PromptSet)
+
+
+def slice_estimate(est: LengthEstimate, rows: np.ndarray) -> LengthEstimate:
+    """The estimate restricted to `rows` (same order)."""
+    return LengthEstimate(median=est.median[rows], group_max=est.group_max[rows], sigma=est.sigma[rows],
+                          p_trunc=est.p_trunc[rows], has_history=est.has_history[rows], estimator=est.estimator,
+                          params=dict(est.params),
+                          samples=None if est.samples is None else est.samples[rows])
+
+
+def iteration_starts(num_groups: int, groups_per_iteration: Optional[int]) -> List[int]:
+    """Window boundaries: consecutive dataset slices of `groups_per_iteration` (the last may be shorter)."""
+    if num_groups <= 0:
+        return [0]
+    size = num_groups if not groups_per_iteration else int(groups_per_iteration)
+    if size < 1:
+        raise ValueError("groups_per_iteration must be >= 1")
+    return list(range(0, num_groups, size)) + [num_groups]
+
+
+@dataclass
+class IterationSummary:
+    """Predicted figures of one planned window (fluid model, predicted lengths)."""
+
+    groups: int
+    makespan: float  # predicted rollout makespan, seconds
+    bound: float  # R_LB under the same predictions
+    max_over_mean: float  # predicted per-instance busy time, max / mean
+
+    def as_dict(self) -> Dict[str, float]:
+        return {"groups": self.groups, "makespan": self.makespan, "bound": self.bound,
+                "max_over_mean": self.max_over_mean}
+
+
+def summarize(problem: PlanningProblem, assignment: Assignment) -> IterationSummary:
+    gm = group_moments(problem)
+    G = len(gm.work)
+    owner = np.empty(G, dtype=np.int64)
+    for j, o in enumerate(assignment.orders):
+        owner[np.asarray(o, dtype=np.int64)] = j
+    t = instance_times(owner, gm, problem.instances, problem.cost, problem.spec.slots) if G else np.zeros(1)
+    mean = float(t.mean()) if len(t) else 0.0
+    return IterationSummary(groups=G, makespan=float(t.max()), bound=rollout_lower_bound(gm, problem.instances,
+                                                                                           problem.cost),
+                            max_over_mean=float(t.max() / mean) if mean > 0 else 1.0)
+
+
+@dataclass
+class BuildResult:
+    plan: DispatchPlan
+    estimate: LengthEstimate
+    summaries: List[IterationSummary] = field(default_factory=list)
+
+
+def build_plan(prompts: PromptSet, estimate: LengthEstimate, *, instances: int, slots: int, minibatch: int,
+               max_new_tokens: int, planner: str = "asp", groups_per_iteration: Optional[int] = None,
+               cost: Optional[CostModel] = None, rho: float = 1.0, kv_budget: Optional[int] = None,
+               seed: int = 0, provenance: Optional[Dict[str, Any]] = None,
+               progress: Optional[bool] = None) -> BuildResult:
+    """Plan every iteration window of `prompts` with `planner` and return the plan with provenance.
+
+    `estimate` covers all rows of `prompts` (from `estimate_lengths` or any estimator); an `oracle_*` planner
+    must be given an oracle's estimate. `progress` None shows a tqdm bar on stderr for large inputs.
+    """
+    if len(estimate) != len(prompts):
+        raise ValueError(f"estimate has {len(estimate)} groups, dataset has {len(prompts)}")
+    if instances < 1 or slots < 1 or minibatch < 1:
+        raise ValueError("instances, slots and minibatch must be >= 1")
+    cost = cost or CostModel()
+    fn = get_planner(planner)
+    starts = iteration_starts(len(prompts), groups_per_iteration)
+    spec = InstanceSpec(slots=int(slots), kv_budget=kv_budget)
+    rng = np.random.default_rng(seed)
+    windows = range(len(starts) - 1)
+    if progress is None:
+        progress = len(prompts) * prompts.n >= 200_000 or len(windows) >= 50
+    if progress:
+        from tqdm.auto import tqdm
+
+        windows = tqdm(windows, desc=f"asp plan ({planner})", unit="iter", file=sys.stderr)
+    assignments: List[Assignment] = []
+    summaries: List[IterationSummary] = []
+    for it in windows:
+        rows = np.arange(starts[it], starts[it + 1])
+        problem = PlanningProblem(prompts=prompts.subset(rows), estimate=slice_estimate(estimate, rows),
+                                  instances=int(instances), spec=spec, minibatch=int(minibatch), cost=cost,
+                                  max_new_tokens=int(max_new_tokens), rho=float(rho),
+                                  seed=int(rng.integers(1 << 31)))
+        a = fn(problem, rng)
+        a.validate(len(rows))
+        assignments.append(a)
+        summaries.append(summarize(problem, a))
+    header: Dict[str, Any] = {
+        "planner": planner,
+        "planner_params": [{k: float(v) for k, v in a.params.items()} for a in assignments],
+        "estimator": estimate.estimator,
+        "estimator_params": {k: float(v) for k, v in estimate.params.items()},
+        "instances": int(instances),
+        "slots": int(slots),
+        "kv_budget": kv_budget,
+        "minibatch_groups": int(minibatch),
+        "groups_per_iteration": int(groups_per_iteration) if groups_per_iteration else len(prompts),
+        "max_new_tokens": int(max_new_tokens),
+        "rho": float(rho),
+        "seed": int(seed),
+        "cost": {"a": cost.a, "b": cost.b, "c": cost.c, "p": cost.p, "source": cost.source},
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "package_version": __version__,
+        "summary": [s.as_dict() for s in summaries],
+    }
+    if provenance:
+        header["sources"] = dict(provenance)
+    plan = DispatchPlan.from_assignments(prompts, starts, assignments, estimate.median, estimate.group_max,
+                                         header)
+    return BuildResult(plan=plan, estimate=estimate, summaries=summaries)
+
+
+def estimate_lengths(prompts: PromptSet, history, max_new_tokens: int, planner: str = "asp",
+                     estimator_section=None, true_lengths: Optional[np.ndarray] = None) -> LengthEstimate:
+    """Length estimate for `planner`: an OracleEstimator's for `oracle_*` planners, the configured one else."""
+    from mindspeed_asp.config import EstimatorSection
+    from mindspeed_asp.scheduler.estimators import make_estimator
+
+    section = estimator_section or EstimatorSection()
+    if needs_oracle(planner):
+        section = section.model_copy(update={"kind": "oracle"})
+    estimator = make_estimator(section, true_lengths=true_lengths)
+    return estimator.estimate(prompts, history, int(max_new_tokens))
+
+
+def plan_epoch(prompts: PromptSet, history, *, planner: str = "asp", estimator_section=None,
+               true_lengths: Optional[np.ndarray] = None, **kw: Any) -> BuildResult:
+    """Estimate lengths from `history` and build the plan: the one call the CLI and the runtime need."""
+    est = estimate_lengths(prompts, history, kw["max_new_tokens"], planner=planner,
+                           estimator_section=estimator_section, true_lengths=true_lengths)
+    return build_plan(prompts, est, planner=planner, **kw)

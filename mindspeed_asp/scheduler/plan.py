@@ -1,0 +1,363 @@
+"""The DispatchPlan file: per iteration, per instance, the ordered prompt groups, with provenance.
+
+Why a file: the offline pass runs once (on a login node), and every instance, the dispatcher and the
+comparison tools read the same plan. The plan is a flat table, one row per prompt group:
+
+    iteration, instance, position, row, prompt_id, pred_median, pred_group_max, minibatch
+
+`row` is the group's row in the dataset (the PromptSet the plan was built for); iteration `i` covers the
+contiguous dataset rows `[iteration_starts[i], iteration_starts[i+1])`, and the group index used by
+`Assignment`s is `row - iteration_starts[i]`. A header holds the schema version and provenance (dataset
+fingerprint, estimator, planner and its parameters, cost model, build time, package version, predicted
+summary). Parquet keeps the header as JSON in the schema metadata; JSON Lines writes it as the first line.
+Loading refuses an unknown schema version and, given the dataset, a fingerprint mismatch
+(`PlanMismatchError`), so a plan can never silently drive another dataset.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+from mindspeed_asp.errors import InputError, PlanMismatchError
+from mindspeed_asp.scheduler.types import Assignment, PromptSet
+
+SCHEMA_VERSION = 1
+FORMAT = "mindspeed-asp/dispatch-plan"
+META_KEY = b"mindspeed_asp.plan"
+COLUMNS = ("iteration", "instance", "position", "row", "prompt_id", "pred_median", "pred_group_max", "minibatch")
+_INT_COLS = ("iteration", "instance", "position", "row", "minibatch")
+_FLOAT_COLS = ("pred_median", "pred_group_max")
+PathLike = Union[str, Path]
+
+
+def plan_format(path: PathLike, fmt: Optional[str] = None) -> str:
+    """'parquet' or 'jsonl', from `fmt` or the file extension."""
+    if fmt:
+        if fmt not in ("parquet", "jsonl"):
+            raise InputError(f"unknown plan format {fmt!r} (use parquet or jsonl)", path=str(path))
+        return fmt
+    suffix = Path(path).suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise InputError("plan file must end in .parquet or .jsonl", path=str(path))
+
+
+class DispatchPlan:
+    """A loaded or freshly built plan. Columns are numpy arrays; `header` is the provenance mapping."""
+
+    def __init__(self, header: Dict[str, Any], columns: Dict[str, np.ndarray], path: str = "") -> None:
+        self.header = dict(header)
+        self.path = path
+        self.cols = {k: np.asarray(columns[k]) for k in COLUMNS}
+        for k in _INT_COLS:
+            self.cols[k] = self.cols[k].astype(np.int64)
+        for k in _FLOAT_COLS:
+            self.cols[k] = self.cols[k].astype(np.float64)
+        self.cols["prompt_id"] = self.cols["prompt_id"].astype(object)
+        self._check_consistency()
+        self._index_rows()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_assignments(cls, prompts: PromptSet, iteration_starts: List[int], assignments: List[Assignment],
+                         pred_median: np.ndarray, pred_group_max: np.ndarray, header: Dict[str, Any]
+                         ) -> "DispatchPlan":
+        """Assemble a plan from one Assignment per iteration (indices local to each iteration's rows).
+
+        `pred_median`/`pred_group_max` are per dataset row. `header` is provenance; schema version,
+        fingerprint and shape fields are filled in here.
+        """
+        starts = [int(s) for s in iteration_starts]
+        if len(starts) != len(assignments) + 1 or starts[0] != 0 or starts[-1] != len(prompts):
+            raise ValueError("iteration_starts must run from 0 to len(prompts) with one entry per iteration + 1")
+        parts: Dict[str, List[np.ndarray]] = {k: [] for k in COLUMNS}
+        for it, a in enumerate(assignments):
+            lo, hi = starts[it], starts[it + 1]
+            a.validate(hi - lo)
+            for j, order in enumerate(a.orders):
+                local = np.asarray(order, dtype=np.int64)
+                rows = local + lo
+                parts["iteration"].append(np.full(len(local), it, dtype=np.int64))
+                parts["instance"].append(np.full(len(local), j, dtype=np.int64))
+                parts["position"].append(np.arange(len(local), dtype=np.int64))
+                parts["row"].append(rows)
+                parts["prompt_id"].append(np.asarray(prompts.prompt_ids, dtype=object)[rows])
+                parts["pred_median"].append(np.asarray(pred_median, dtype=np.float64)[rows])
+                parts["pred_group_max"].append(np.asarray(pred_group_max, dtype=np.float64)[rows])
+                parts["minibatch"].append(np.asarray(a.minibatch, dtype=np.int64)[local])
+        cols = {k: (np.concatenate(v) if v else np.zeros(0, dtype=object if k == "prompt_id" else np.float64))
+                for k, v in parts.items()}
+        instances = max((len(a.orders) for a in assignments), default=0)
+        head = dict(header)
+        head.update({
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "dataset_fingerprint": prompts.fingerprint(),
+            "dataset_origin": prompts.origin,
+            "num_groups": len(prompts),
+            "n": prompts.n,
+            "instances": int(head.get("instances", instances)),
+            "iteration_starts": starts,
+        })
+        return cls(head, cols)
+
+    # ------------------------------------------------------------------ checks
+    def _check_consistency(self) -> None:
+        h, c = self.header, self.cols
+        where = self.path or "<plan>"
+        starts = h.get("iteration_starts")
+        if not isinstance(starts, list) or len(starts) < 1:
+            raise InputError("header lacks iteration_starts", path=where, key="iteration_starts")
+        G = int(h.get("num_groups", -1))
+        if starts[0] != 0 or starts[-1] != G or any(b < a for a, b in zip(starts, starts[1:])):
+            raise InputError("iteration_starts must rise from 0 to num_groups", path=where, key="iteration_starts")
+        rows = c["row"]
+        if len(rows) != G or (G and (np.sort(rows) != np.arange(G)).any()):
+            raise InputError(f"plan must place each of {G} dataset rows exactly once", path=where, key="row")
+        it_of_row = np.searchsorted(np.asarray(starts[1:]), rows, side="right")
+        if (it_of_row != c["iteration"]).any():
+            raise InputError("a row sits outside its iteration's range", path=where, key="iteration")
+        m = int(h.get("instances", 0))
+        if G and (c["instance"].min() < 0 or c["instance"].max() >= m):
+            raise InputError(f"instance index outside 0..{m - 1}", path=where, key="instance")
+
+    def check_dataset(self, prompts: PromptSet) -> None:
+        """Refuse a plan built for another dataset (ids, prompt lengths, n or order differ)."""
+        want = self.header.get("dataset_fingerprint")
+        got = prompts.fingerprint()
+        if want != got:
+            raise PlanMismatchError(
+                f"plan {self.path or '<plan>'} was built for dataset fingerprint {want} "
+                f"({self.header.get('dataset_origin') or 'unknown file'}, {self.header.get('num_groups')} groups, "
+                f"n={self.header.get('n')}), but {prompts.origin or 'the dataset'} has fingerprint {got} "
+                f"({len(prompts)} groups, n={prompts.n}); rebuild the plan with `asp plan --dataset ...`")
+
+    # ------------------------------------------------------------------ indexing
+    def _index_rows(self) -> None:
+        c = self.cols
+        # Sort once by (iteration, instance, position) so queues are contiguous slices.
+        key = np.lexsort((c["position"], c["instance"], c["iteration"]))
+        self.cols = {k: v[key] for k, v in c.items()}
+        c = self.cols
+        m = self.instances
+        cell = c["iteration"] * m + c["instance"]
+        self._cell_bounds = np.searchsorted(cell, np.arange(self.num_iterations * m + 1))
+        self._by_id: Dict[str, int] = {}
+        for i, pid in enumerate(c["prompt_id"].tolist()):
+            self._by_id.setdefault(str(pid), i)
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.header["dataset_fingerprint"])
+
+    @property
+    def instances(self) -> int:
+        return int(self.header["instances"])
+
+    @property
+    def num_iterations(self) -> int:
+        return len(self.header["iteration_starts"]) - 1
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.header["num_groups"])
+
+    def iterations(self) -> List[int]:
+        """Iteration indices in order (0..I-1)."""
+        return list(range(self.num_iterations))
+
+    def _cell(self, iteration: int, instance: int) -> slice:
+        if not 0 <= iteration < self.num_iterations:
+            raise IndexError(f"iteration {iteration} outside 0..{self.num_iterations - 1}")
+        if not 0 <= instance < self.instances:
+            raise IndexError(f"instance {instance} outside 0..{self.instances - 1}")
+        k = iteration * self.instances + instance
+        return slice(int(self._cell_bounds[k]), int(self._cell_bounds[k + 1]))
+
+    def instance_queue(self, iteration: int, instance: int) -> List[str]:
+        """Prompt ids of one instance's queue in one iteration, in plan (dispatch) order."""
+        return [str(p) for p in self.cols["prompt_id"][self._cell(iteration, instance)]]
+
+    def instance_rows(self, iteration: int, instance: int) -> np.ndarray:
+        """Dataset rows of one instance's queue, in plan order."""
+        return self.cols["row"][self._cell(iteration, instance)].copy()
+
+    def iteration_rows(self, iteration: int) -> np.ndarray:
+        """Dataset rows of an iteration, in the order of its PromptSet (Assignment indices refer to these)."""
+        s = self.header["iteration_starts"]
+        return np.arange(s[iteration], s[iteration + 1], dtype=np.int64)
+
+    def iteration_prompts(self, iteration: int, prompts: PromptSet) -> PromptSet:
+        """The iteration's PromptSet (rows of `prompts`), after checking the dataset fingerprint."""
+        self.check_dataset(prompts)
+        return prompts.subset(self.iteration_rows(iteration))
+
+    def assignment(self, iteration: int) -> Assignment:
+        """The iteration as an Assignment: group indices into that iteration's PromptSet rows."""
+        start = self.header["iteration_starts"][iteration]
+        lo, hi = self.header["iteration_starts"][iteration], self.header["iteration_starts"][iteration + 1]
+        orders = [self.cols["row"][self._cell(iteration, j)] - start for j in range(self.instances)]
+        tags = np.full(hi - lo, -1, dtype=np.int64)
+        sl = slice(int(self._cell_bounds[iteration * self.instances]),
+                   int(self._cell_bounds[(iteration + 1) * self.instances]))
+        tags[self.cols["row"][sl] - start] = self.cols["minibatch"][sl]
+        params = self.iteration_params(iteration)
+        a = Assignment(orders=orders, minibatch=tags, planner=str(self.header.get("planner", "")), params=params)
+        a.validate(hi - lo)
+        return a
+
+    def iteration_params(self, iteration: int) -> Dict[str, float]:
+        per = self.header.get("planner_params") or []
+        return dict(per[iteration]) if iteration < len(per) else {}
+
+    def _lookup(self, prompt_id: str) -> int:
+        try:
+            return self._by_id[str(prompt_id)]
+        except KeyError:
+            raise KeyError(f"prompt id {prompt_id!r} is not in plan {self.path or '<plan>'}") from None
+
+    def minibatch_of(self, prompt_id: str) -> int:
+        """Minibatch tag of a prompt group within its iteration (-1 = untagged, arrival order)."""
+        return int(self.cols["minibatch"][self._lookup(prompt_id)])
+
+    def iteration_of(self, prompt_id: str) -> int:
+        return int(self.cols["iteration"][self._lookup(prompt_id)])
+
+    def instance_of(self, prompt_id: str) -> int:
+        return int(self.cols["instance"][self._lookup(prompt_id)])
+
+    def predicted(self, prompt_id: str) -> Dict[str, float]:
+        i = self._lookup(prompt_id)
+        return {"median": float(self.cols["pred_median"][i]), "group_max": float(self.cols["pred_group_max"][i])}
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: PathLike, fmt: Optional[str] = None) -> Path:
+        """Write the plan as Parquet (header in schema metadata) or JSON Lines (header line + rows)."""
+        path = Path(path)
+        kind = plan_format(path, fmt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = json.dumps(self.header, sort_keys=True, default=_json_default)
+        if kind == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            arrays = {k: pa.array(self.cols[k].tolist() if k == "prompt_id" else self.cols[k],
+                                  type=pa.string() if k == "prompt_id" else None) for k in COLUMNS}
+            table = pa.table(arrays).replace_schema_metadata({META_KEY: header.encode()})
+            pq.write_table(table, path)
+        else:
+            with open(path, "w") as fh:
+                fh.write(header + "\n")
+                cols = {k: self.cols[k].tolist() for k in COLUMNS}
+                for i in range(len(cols["row"])):
+                    fh.write(json.dumps({k: cols[k][i] for k in COLUMNS}) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: PathLike, prompts: Optional[PromptSet] = None, fmt: Optional[str] = None
+             ) -> "DispatchPlan":
+        """Read a plan; with `prompts`, refuse it unless it was built for exactly that dataset."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputError("plan file not found", path=str(path))
+        kind = plan_format(path, fmt)
+        header, cols = (_read_parquet(path) if kind == "parquet" else _read_jsonl(path))
+        _check_header(header, str(path))
+        plan = cls(header, cols, path=str(path))
+        if prompts is not None:
+            plan.check_dataset(prompts)
+        return plan
+
+
+def load_plan(path: PathLike, prompts: Optional[PromptSet] = None) -> DispatchPlan:
+    """Shorthand for `DispatchPlan.load`."""
+    return DispatchPlan.load(path, prompts)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _check_header(header: Any, where: str) -> None:
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise InputError("not a mindspeed-asp dispatch plan (missing plan header)", path=where)
+    version = header.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise PlanMismatchError(
+            f"{where}: plan schema version {version!r} is not supported (this mindspeed-asp reads version "
+            f"{SCHEMA_VERSION}); rebuild the plan with this version's `asp plan`")
+    for key in ("dataset_fingerprint", "num_groups", "instances", "iteration_starts"):
+        if key not in header:
+            raise InputError("plan header lacks a required field", path=where, key=key)
+
+
+def _read_parquet(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"cannot read Parquet: {exc}", path=str(path)) from None
+    meta = table.schema.metadata or {}
+    if META_KEY not in meta:
+        raise InputError("not a mindspeed-asp dispatch plan (no plan header in the Parquet metadata)",
+                         path=str(path))
+    try:
+        header = json.loads(meta[META_KEY].decode())
+    except ValueError as exc:
+        raise InputError(f"plan header is not valid JSON: {exc}", path=str(path)) from None
+    _check_header(header, str(path))
+    missing = [k for k in COLUMNS if k not in table.column_names]
+    if missing:
+        raise InputError("plan table lacks a column", path=str(path), key=missing[0])
+    cols = {k: np.asarray(table.column(k).to_numpy(zero_copy_only=False)) for k in COLUMNS}
+    return header, cols
+
+
+def _read_jsonl(path: Path):
+    header = None
+    rows: Dict[str, list] = {k: [] for k in COLUMNS}
+    with open(path) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise InputError(f"invalid JSON: {exc.args[0] if exc.args else exc}", path=str(path),
+                                 line=lineno) from None
+            if header is None:
+                header = rec
+                _check_header(header, str(path))
+                continue
+            if not isinstance(rec, dict):
+                raise InputError("plan row must be a JSON object", path=str(path), line=lineno)
+            for k in COLUMNS:
+                if k not in rec:
+                    raise InputError("plan row lacks a field", path=str(path), line=lineno, key=k)
+                v = rec[k]
+                if k in _INT_COLS and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise InputError(f"expected an integer, got {v!r}", path=str(path), line=lineno, key=k)
+                if k in _FLOAT_COLS and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise InputError(f"expected a number, got {v!r}", path=str(path), line=lineno, key=k)
+                if k == "prompt_id" and not isinstance(v, str):
+                    raise InputError(f"expected a string, got {v!r}", path=str(path), line=lineno, key=k)
+                rows[k].append(v)
+    if header is None:
+        raise InputError("empty plan file", path=str(path))
+    cols = {k: np.asarray(v, dtype=object if k == "prompt_id" else None) for k, v in rows.items()}
+    for k in _INT_COLS:
+        cols[k] = cols[k].astype(np.int64) if len(cols[k]) else np.zeros(0, dtype=np.int64)
+    for k in _FLOAT_COLS:
+        cols[k] = cols[k].astype(np.float64) if len(cols[k]) else np.zeros(0)
+    return header, cols
