@@ -1,0 +1,204 @@
+"""The reference GRPO trainer on a real tiny Qwen2 model (CPU): updates, weight export, checkpoints."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
+from mindspeed_asp.runtime.trainer import GRPOTrainer
+from mindspeed_asp.runtime.types import GroupResult, SampleResult
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def tied_model_path(tmp_path_factory):
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("tied") / "m"), seed=1, tie_word_embeddings=True)
+
+
+PROMPT = [0, 400, 77, 91]
+GOOD = [5, 6, 7, 1]
+BAD = [300, 301, 302, 303, 304]
+
+
+def make_group(trainer, responses, gid="g0", version=0, behaviour=None):
+    samples = []
+    for i, resp in enumerate(responses):
+        lp = trainer.sequence_logprobs(PROMPT, resp).tolist() if behaviour is None else behaviour[i]
+        samples.append(SampleResult(token_ids=list(resp), logprobs=lp, min_version=version,
+                                    max_version=version, finish_reason="stop"))
+    return GroupResult(group_id=gid, prompt_id="p0", instance=0, samples=samples, prompt_token_ids=list(PROMPT),
+                       t_enqueued=0.0, t_started=0.0, t_finished=0.0)
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits
+
+
+def test_train_step_raises_logprob_of_rewarded_sample(model_path):
+    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    before_good = float(tr.sequence_logprobs(PROMPT, GOOD).sum())
+    before_bad = float(tr.sequence_logprobs(PROMPT, BAD).sum())
+    g = make_group(tr, [GOOD, BAD, GOOD, BAD])
+    stats = tr.train_step([g], [[1.0, 0.0, 1.0, 0.0]])
+    assert tr.version == 1 and stats["version"] == 1
+    assert float(tr.sequence_logprobs(PROMPT, GOOD).sum()) > before_good + 0.1
+    assert float(tr.sequence_logprobs(PROMPT, BAD).sum()) < before_bad - 0.1
+    # On-policy data: the ratio is exactly 1, nothing is clipped, behaviour and current agree.
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["clip_frac"] == 0.0
+    assert abs(stats["mismatch_kl"]) < 1e-5
+    assert stats["tokens"] == 2 * len(GOOD) + 2 * len(BAD)
+    assert stats["tokens_total"] == stats["tokens"] + 4 * len(PROMPT)
+    assert stats["grad_norm"] > 0 and stats["entropy"] > 0 and stats["reward_mean"] == 0.5
+    for key in ("loss", "kl", "time", "bubble/padding_train"):
+        assert key in stats
+
+
+def test_constant_rewards_leave_the_policy_unchanged(model_path):
+    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    before = {k: v.clone() for k, v in tr.named_weights()}
+    stats = tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 1.0]])
+    assert stats["grad_norm"] == 0.0
+    for k, v in tr.named_weights():
+        assert torch.equal(v, before[k]), k
+
+
+def test_off_policy_samples_are_importance_weighted_and_clipped(model_path):
+    tr = GRPOTrainer(model_path, lr=1e-3, seed=0, clip_eps=0.2)
+    cur = tr.sequence_logprobs(PROMPT, GOOD)
+    stale = (cur - 1.0).tolist()  # the behaviour policy gave these tokens e^-1 the current probability
+    g = make_group(tr, [GOOD, BAD], behaviour=[stale, tr.sequence_logprobs(PROMPT, BAD).tolist()])
+    stats = tr.train_step([g], [[1.0, 0.0]])
+    assert stats["ratio_max"] == pytest.approx(float(torch.e), rel=1e-4)
+    assert stats["clip_frac"] == pytest.approx(len(GOOD) / (len(GOOD) + len(BAD)))
+    assert stats["mismatch_kl"] < 0  # behaviour log-probs below the current ones
+
+
+def test_kl_zero_when_model_equals_reference(model_path):
+    tr = GRPOTrainer(model_path, lr=1e-2, seed=0, kl_coef=0.1)
+    s1 = tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])
+    assert s1["kl"] == pytest.approx(0.0, abs=1e-7)
+    s2 = tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])
+    assert s2["kl"] > 1e-6
+    assert s2["loss"] == pytest.approx(s2["pg_loss"] + 0.1 * s2["kl"], rel=1e-6)
+
+
+def test_micro_batching_does_not_change_the_update(model_path):
+    responses = [GOOD, BAD, [9] * 11, [12, 13], [1]]
+    rewards = [[1.0, 0.0, 0.5, 0.2, 0.9]]
+    whole = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    split = GRPOTrainer(model_path, lr=1e-2, seed=0, micro_batch_size=2)
+    budget = GRPOTrainer(model_path, lr=1e-2, seed=0, micro_batch_tokens=10)
+    grads = []
+    for t in (whole, split, budget):  # compare the accumulated gradients the optimizer receives
+        grads.append({})
+        t.optimizer.step = lambda g=grads[-1], t=t: g.update(
+            {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
+    stats = [t.train_step([make_group(t, responses)], rewards) for t in (whole, split, budget)]
+    assert [s["micro_batches"] for s in stats] == [1, 3, 5]
+    assert len(grads[0]) == len(list(whole.model.parameters()))
+    for g in grads[1:]:
+        assert g.keys() == grads[0].keys()
+        for k, v in g.items():
+            assert torch.allclose(v, grads[0][k], atol=1e-7, rtol=1e-4), k
+    assert stats[1]["grad_norm"] == pytest.approx(stats[0]["grad_norm"], rel=1e-5)
+    # Padding bubble by hand: sequence lengths 5, 6, 8, 9, 15 (prompt 4 + response).
+    assert stats[0]["bubble/padding_train"] == pytest.approx((5 * 15 - 43) / (5 * 15))
+    # micro_batch_size=2 over the length-sorted rows: [5, 6], [8, 9], [15] -> 2 padded of 45 slots.
+    assert stats[1]["bubble/padding_train"] == pytest.approx(2 / 45)
+    assert stats[2]["bubble/padding_train"] == 0.0  # a budget of 10 tokens puts each row alone (15 > 10 still runs)
+
+
+def test_named_weights_match_checkpoint_names_and_round_trip(model_path):
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])  # weights now differ from the file
+    names = [n for n, _ in tr.named_weights()]
+    with safe_open(str(Path(model_path) / "model.safetensors"), "pt") as f:
+        assert sorted(names) == sorted(f.keys())  # the HF checkpoint names vLLM's load_weights accepts
+    torch.manual_seed(123)
+    fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    fresh.load_state_dict(dict(tr.named_weights()), strict=True)
+    ids = PROMPT + GOOD
+    assert torch.allclose(logits_of(fresh, ids), logits_of(tr.model, ids), atol=1e-6)
+    assert not torch.allclose(logits_of(AutoModelForCausalLM.from_pretrained(model_path), ids),
+                              logits_of(tr.model, ids), atol=1e-6)
+
+
+def test_tied_embeddings_are_sent_once_under_the_input_name(tied_model_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tr = GRPOTrainer(tied_model_path, lr=1e-2, seed=0)
+    tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])
+    weights = dict(tr.named_weights())
+    assert "model.embed_tokens.weight" in weights and "lm_head.weight" not in weights
+    assert len(weights) == len({id(p) for p in tr.model.parameters()})
+    torch.manual_seed(7)
+    fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tied_model_path))
+    missing, unexpected = fresh.load_state_dict(weights, strict=False)
+    assert unexpected == [] and set(missing) <= {"lm_head.weight"}
+    assert fresh.get_output_embeddings().weight.data_ptr() == fresh.get_input_embeddings().weight.data_ptr()
+    ids = PROMPT + BAD
+    assert torch.allclose(logits_of(fresh, ids), logits_of(tr.model, ids), atol=1e-6)
+
+
+def test_checkpoint_resume_reproduces_the_next_update(model_path, tmp_path):
+    a = GRPOTrainer(model_path, lr=1e-2, seed=0, kl_coef=0.05)
+    a.train_step([make_group(a, [GOOD, BAD])], [[1.0, 0.0]])
+    ckpt = a.save_checkpoint(tmp_path / "trainer.pt")
+    g = make_group(a, [BAD, GOOD, [3, 4]])
+    a.train_step([g], [[1.0, 0.0, 0.5]])
+
+    b = GRPOTrainer(model_path, lr=1e-2, seed=0, kl_coef=0.05)
+    b.load_checkpoint(ckpt)
+    assert b.version == 1
+    b.train_step([g], [[1.0, 0.0, 0.5]])  # same samples and behaviour log-probs as `a` saw
+    assert b.version == a.version == 2
+    wa = dict(a.named_weights())
+    for k, v in b.named_weights():
+        assert torch.allclose(v, wa[k], atol=1e-7), k
+    # In-memory state round-trips too, and a foreign dict is refused.
+    c = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    c.load_checkpoint(a.state_dict_for_checkpoint())
+    assert c.version == 2 and c.weights_checksum() == pytest.approx(a.weights_checksum(), rel=1e-9)
+    with pytest.raises(ValueError, match="checkpoint"):
+        c.load_checkpoint({"format": "something else"})
+
+
+def test_bad_input_is_refused_with_a_clear_message(model_path):
+    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    g = make_group(tr, [GOOD, BAD])
+    with pytest.raises(ValueError, match="2 samples but 3 rewards"):
+        tr.train_step([g], [[1.0, 0.0, 1.0]])
+    with pytest.raises(ValueError, match="1 groups but 2 reward lists"):
+        tr.train_step([g], [[1.0, 0.0], [0.0, 1.0]])
+    g.samples[0].logprobs = g.samples[0].logprobs[:-1]
+    with pytest.raises(ValueError, match="log-probs"):
+        tr.train_step([g], [[1.0, 0.0]])
+    g.samples[0].logprobs = None
+    with pytest.raises(ValueError, match="no behaviour log-probs"):
+        tr.train_step([g], [[1.0, 0.0]])
+    assert tr.version == 0
+    lenient = GRPOTrainer(model_path, lr=1e-2, seed=0, missing_logprobs="recompute")
+    assert lenient.train_step([g], [[1.0, 0.0]])["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_save_pretrained_is_servable_hf_directory(model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    tr.train_step([make_group(tr, [GOOD, BAD])], [[0.0, 1.0]])
+    out = tr.save_pretrained(tmp_path / "policy")
+    assert json.loads((Path(out) / "config.json").read_text())["model_type"] == "qwen2"
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.allclose(logits_of(reloaded, PROMPT), logits_of(tr.model, PROMPT), atol=1e-6)
