@@ -126,7 +126,7 @@ def order_instance(members: np.ndarray, gm: GroupMoments, slots: int, eps: float
     idx = np.asarray(picked, dtype=np.int64)
     fin = np.asarray(due)
     start = fin - g[idx]
-    o = np.argsort(start, kind="stable")
+    o = np.lexsort((-g[idx], start))  # by latest start; among equal starts (e.g. "now") the longest first
     return srt[idx[o]], fin[o]
 
 
@@ -179,7 +179,8 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
 
     Candidates: every (theta, eps) of the grid with the laxity/curve order, plus the two reference orders
     (random, long-first) on the same balanced assignment; the winner has the least mean end-to-end time
-    over `scenarios_k` length scenarios. Windows above SELECT_MAX_SAMPLES samples keep the defaults.
+    over `scenarios_k` length scenarios. Windows above SELECT_MAX_SAMPLES samples keep the defaults. Giving
+    `eps_grid` restricts the search to the curve order with those eps values.
     """
     gm = group_moments(problem)
     G = len(gm.work)
@@ -198,7 +199,7 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
         owner, info = balanced[key]
         for eps_base in epss:
             candidates.append(build_candidate(problem, gm, owner, info, theta, "curve", eps_base, name, rng))
-        if select:
+        if select and eps_grid is None:
             for rule in ("random", "long_first"):
                 candidates.append(build_candidate(problem, gm, owner, info, theta, rule, 0.0, name, rng))
     if len(candidates) == 1:
