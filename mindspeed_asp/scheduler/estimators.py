@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
+from numpy.polynomial.hermite_e import hermegauss
 from scipy.special import ndtr, ndtri
 
 from mindspeed_asp.config import EstimatorSection
@@ -19,16 +20,55 @@ from mindspeed_asp.scheduler.history import HistorySamples, LengthHistory
 from mindspeed_asp.scheduler.types import LengthEstimate, PromptSet
 
 
-def group_max_quantile(median: np.ndarray, sigma: np.ndarray, n: int, q: float) -> np.ndarray:
-    """Quantile q of the max of n i.i.d. lognormal(log median, sigma) samples: median*exp(sigma*Phi^-1(q^(1/n)))."""
-    z = float(ndtri(q ** (1.0 / max(int(n), 1))))
-    return np.asarray(median, dtype=np.float64) * np.exp(np.asarray(sigma, dtype=np.float64) * z)
+def group_max_quantile(median: np.ndarray, sigma: np.ndarray, n: int, q: float,
+                       center_sigma: Optional[np.ndarray] = None) -> np.ndarray:
+    """Quantile q of the max of n lognormal samples around `median` with log-spread `sigma`.
+
+    With a known median this is the closed form median*exp(sigma*Phi^-1(q^(1/n))). `center_sigma` (the
+    uncertainty of log median itself, shared by the n samples) widens it: the quantile of
+    log median + tau*Z + sigma*max(Z_1..Z_n), integrated over Z by Gauss-Hermite quadrature.
+    """
+    median = np.asarray(median, dtype=np.float64)
+    sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), median.shape)
+    n = max(int(n), 1)
+    if center_sigma is None or not np.any(np.asarray(center_sigma) > 0):
+        return median * np.exp(sigma * float(ndtri(q ** (1.0 / n))))
+    tau = np.broadcast_to(np.asarray(center_sigma, dtype=np.float64), median.shape)
+    safe = np.maximum(sigma, 1e-6)
+    ratio = tau / safe
+    return median * np.exp(safe * _standard_max_quantile(ratio, n, q))
+
+
+def _standard_max_quantile(ratio: np.ndarray, n: int, q: float) -> np.ndarray:
+    """y with P(r*Z + max(Z_1..Z_n) <= y) = q, per ratio r (solved on a grid of r, then interpolated)."""
+    nodes, weights = hermegauss(32)
+    weights = weights / weights.sum()
+    rmax = float(np.max(ratio)) if ratio.size else 0.0
+    grid = np.linspace(0.0, max(rmax, 1e-9), 257)
+    lo = np.full(len(grid), -12.0) - 12.0 * grid
+    hi = np.full(len(grid), 12.0) + 12.0 * grid
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        cdf = (ndtr(mid[:, None] - grid[:, None] * nodes[None, :]) ** n) @ weights
+        below = cdf < q
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    return np.interp(ratio, grid, 0.5 * (lo + hi))
 
 
 def truncation_probability(log_median: np.ndarray, sigma: np.ndarray, max_new_tokens: int) -> np.ndarray:
     """P(a lognormal sample reaches the cap): the mass the engine truncates into the spike at max_new_tokens."""
     sigma = np.maximum(np.asarray(sigma, dtype=np.float64), 1e-6)
     return 1.0 - ndtr((np.log(max_new_tokens) - log_median) / sigma)
+
+
+def _grouped_order(group: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Order sorting by (group, value): one float argsort on group + scaled value (faster than lexsort)."""
+    if len(value) == 0:
+        return np.zeros(0, dtype=np.int64)
+    lo, hi = float(value.min()), float(value.max())
+    scaled = (value - lo) / (hi - lo) * 0.999 if hi > lo else np.zeros(len(value))
+    return np.argsort(group.astype(np.float64) + scaled, kind="stable")
 
 
 def _weighted_median(group: np.ndarray, value: np.ndarray, weight: np.ndarray, num_groups: int) -> np.ndarray:
@@ -41,7 +81,7 @@ def _weighted_median(group: np.ndarray, value: np.ndarray, weight: np.ndarray, n
     out = np.full(num_groups, np.nan)
     if len(value) == 0:
         return out
-    order = np.lexsort((value, group))
+    order = _grouped_order(group, value)
     g, v, w = group[order], value[order], weight[order]
     total = np.bincount(g, weights=w, minlength=num_groups)
     csum = np.cumsum(w)
@@ -50,9 +90,10 @@ def _weighted_median(group: np.ndarray, value: np.ndarray, weight: np.ndarray, n
     pos = (csum - before - w / 2.0) / total[g]  # midpoint position in [0, 1] within the group
     # first sample whose midpoint is >= 1/2, per group
     ge = pos >= 0.5
-    key = np.where(ge, np.arange(len(g)), len(g))
+    # samples are sorted by group, so the first flagged index of a group is found by a reverse scatter
     first_ge = np.full(num_groups, len(g))
-    np.minimum.at(first_ge, g, key)
+    flagged = np.flatnonzero(ge)[::-1]
+    first_ge[g[flagged]] = flagged
     grp_start = np.full(num_groups, -1)
     grp_start[g[start]] = start
     grp_end = np.full(num_groups, -1)
@@ -74,7 +115,7 @@ def _record_medians(view: HistorySamples, logs: np.ndarray) -> np.ndarray:
     R = len(view.record_group)
     if R == 0:
         return np.zeros(0)
-    order = np.lexsort((logs, view.record))
+    order = _grouped_order(view.record, logs)
     v = logs[order]
     counts = np.bincount(view.record, minlength=R)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
@@ -94,12 +135,13 @@ class DriftModel:
     step: np.ndarray  # float [len(epochs) - 1]
     next_step: float
 
-    def offset(self, epoch: np.ndarray) -> np.ndarray:
+    def offset(self, epoch: np.ndarray, extrapolate: bool = True) -> np.ndarray:
+        """Log shift from `epoch` to latest + 1 (or to the latest epoch with extrapolate=False)."""
         if len(self.epochs) == 0:
             return np.zeros(len(epoch))
         after = np.concatenate((np.cumsum(self.step[::-1])[::-1], [0.0]))  # drift from epoch k to latest
         k = np.searchsorted(self.epochs, epoch)
-        return after[k] + self.next_step
+        return after[k] + (self.next_step if extrapolate else 0.0)
 
     @property
     def factor(self) -> float:
@@ -119,7 +161,7 @@ class DriftModel:
         counts = np.diff(offsets)
         rec = np.repeat(np.arange(len(pid)), counts)
         logs = np.log(np.maximum(values, 1).astype(np.float64))
-        order = np.lexsort((logs, rec))
+        order = _grouped_order(rec, logs)
         v = logs[order]
         starts = offsets[:-1]
         med = 0.5 * (v[starts + (counts - 1) // 2] + v[starts + counts // 2])
@@ -137,36 +179,144 @@ class DriftModel:
         return DriftModel(epochs=epochs, step=step, next_step=float(np.sum(w * recent) / np.sum(w)))
 
 
+@dataclass
+class _PromptStats:
+    """Per-prompt summaries of drift-adjusted log-lengths over a history window (one row per prompt)."""
+
+    center: np.ndarray  # recency-weighted interpolated median (NaN without history)
+    count: np.ndarray  # samples
+    neff: np.ndarray  # Kish effective number of samples under the recency weights
+    within_ss: np.ndarray  # squared residuals around each (prompt, epoch) record's own median
+    within_dof: np.ndarray  # samples - records
+    total_ss: np.ndarray  # squared residuals around the center
+    at_cap: np.ndarray  # samples that reached max_new_tokens
+    has: np.ndarray  # bool: any history
+    last_median: np.ndarray  # median log-length of the prompt's record at the window's reference epoch
+    last_count: np.ndarray  # samples in that record (0 when the prompt has no record there)
+
+
+def _prompt_stats(prompt_ids: np.ndarray, history: LengthHistory, drift: "DriftModel", decay: float,
+                  max_epochs: int, max_new_tokens: int, before_epoch: Optional[int] = None) -> _PromptStats:
+    """Summaries for predicting epoch latest+1 (or, with `before_epoch=latest`, for back-testing `latest`)."""
+    G = len(prompt_ids)
+    view = history.gather(prompt_ids, max_epochs=max_epochs, before_epoch=before_epoch)
+    logs = np.log(np.maximum(view.length, 1).astype(np.float64)) + \
+        drift.offset(view.epoch, extrapolate=before_epoch is None)
+    ref_epoch = int(view.epoch.max()) if len(view.epoch) else 0
+    weight = decay ** (ref_epoch - view.epoch).astype(np.float64)
+    center = _weighted_median(view.group, logs, weight, G)
+    count = np.bincount(view.group, minlength=G).astype(np.float64)
+    wsum = np.bincount(view.group, weights=weight, minlength=G)
+    w2 = np.bincount(view.group, weights=weight ** 2, minlength=G)
+    neff = np.where(w2 > 0, wsum ** 2 / np.where(w2 > 0, w2, 1.0), 0.0)
+    recmed = _record_medians(view, logs)
+    within_ss = np.bincount(view.group, weights=(logs - recmed[view.record]) ** 2, minlength=G) \
+        if len(logs) else np.zeros(G)
+    within_dof = count - np.bincount(view.record_group, minlength=G)
+    total_ss = np.bincount(view.group, weights=(logs - center[view.group]) ** 2, minlength=G) \
+        if len(logs) else np.zeros(G)
+    at_cap = np.bincount(view.group, weights=(view.length >= max_new_tokens).astype(np.float64), minlength=G)
+    last_median = np.full(G, np.nan)
+    last_count = np.zeros(G)
+    if len(view.record_group):
+        at_ref = view.record_epoch == ref_epoch
+        last_median[view.record_group[at_ref]] = recmed[at_ref]
+        last_count[view.record_group[at_ref]] = np.bincount(view.record, minlength=len(recmed))[at_ref]
+    return _PromptStats(center, count, neff, within_ss, within_dof, total_ss, at_cap, count > 0,
+                        last_median, last_count)
+
+
+@dataclass
+class _Spread:
+    """Within-group log-spread per prompt, and the uncertainty of each prompt's log median (center)."""
+
+    within: np.ndarray
+    center_sd: np.ndarray
+    pooled_within: float
+    drift_sd: float
+    mode: str  # "within" (groups of n >= 2) or "total" (one sample per epoch: spread around the center)
+
+
+_MEDIAN_VAR = np.pi / 2.0  # variance of a sample median is about (pi/2) sigma^2 / N
+
+
+def _fit_spread(stats: _PromptStats, backtest: Optional[_PromptStats], shrinkage: float, min_sigma: float,
+                prior_within: float) -> _Spread:
+    """Shrunk within-group sigma, plus the center's uncertainty measured by back-testing the latest epoch."""
+    k = shrinkage
+    if stats.within_dof.sum() > 0:
+        pooled_var = float(stats.within_ss.sum() / stats.within_dof.sum())
+        var = (stats.within_ss + k * pooled_var) / np.maximum(stats.within_dof + k, 1e-12)
+        var = np.where(stats.within_dof + k > 0, var, pooled_var)
+        within = np.maximum(np.sqrt(var), min_sigma)
+        est_var = np.where(stats.neff > 0, _MEDIAN_VAR * within ** 2 / np.maximum(stats.neff, 1e-12), 0.0)
+        drift_var = 0.0
+        if backtest is not None:
+            both = backtest.has & (stats.last_count > 0)
+            if both.any():
+                err2 = (backtest.center[both] - stats.last_median[both]) ** 2
+                noise = _MEDIAN_VAR * within[both] ** 2 * (1.0 / stats.last_count[both] +
+                                                           1.0 / np.maximum(backtest.neff[both], 1e-12))
+                drift_var = max(float(np.mean(err2 - noise)), 0.0)
+        return _Spread(within, np.sqrt(drift_var + est_var), float(np.sqrt(pooled_var)), float(np.sqrt(drift_var)),
+                       "within")
+    dof = np.maximum(stats.count - 1, 0)
+    pooled_var = float(stats.total_ss.sum() / dof.sum()) if dof.sum() > 0 else prior_within ** 2
+    var = (stats.total_ss + k * pooled_var) / np.maximum(dof + k, 1e-12)
+    var = np.where(dof + k > 0, var, pooled_var)
+    within = np.maximum(np.sqrt(var), min_sigma)
+    return _Spread(within, np.zeros(len(within)), float(np.sqrt(pooled_var)), 0.0, "total")
+
+
+def _analyse(prompts: PromptSet, history: Optional[LengthHistory], decay: float, max_epochs: int, drift: bool,
+             shrinkage: float, min_sigma: float, prior_within: float, max_new_tokens: int):
+    """Drift model, per-prompt stats and spread for a history, or None when there is no history at all."""
+    if history is None or len(history) == 0:
+        return None
+    epochs = np.asarray(history.epochs(), dtype=np.int64)
+    model = DriftModel.fit(history, decay, max_epochs) if drift else DriftModel.none(epochs)
+    stats = _prompt_stats(prompts.prompt_ids, history, model, decay, max_epochs, max_new_tokens)
+    backtest = None
+    if len(epochs) >= 2:
+        backtest = _prompt_stats(prompts.prompt_ids, history, model, decay, max_epochs, max_new_tokens,
+                                 before_epoch=int(epochs[-1]))
+    return model, stats, _fit_spread(stats, backtest, shrinkage, min_sigma, prior_within)
+
+
 class ColdStartEstimator:
     """Lengths of prompts without history, from prompt length, data source and the dataset's lengths.
 
     Fitted on the prompts of the same PromptSet that do have history: a global median (drift-adjusted),
-    a shrunk per-source offset and a least-squares slope on log prompt length. Its sigma is the spread of
-    lengths across such prompts (it knows nothing specific about the prompt), so its group max is wide.
-    Without any history it falls back to a prior: median = `prior_median_frac * max_new_tokens`,
-    sigma = `prior_sigma`.
+    a shrunk per-source offset and a least-squares slope on log prompt length. The center's uncertainty is
+    the residual spread of that fit across prompts (it knows nothing specific about the prompt), so its
+    group max is wide. Without any history it falls back to a prior: median = `prior_median_frac *
+    max_new_tokens`, center uncertainty `prior_sigma`, within-group spread `prior_within`.
     """
 
     name = "cold_start"
 
     def __init__(self, group_max_quantile: float = 0.8, source_shrinkage: float = 20.0,
-                 prior_median_frac: float = 0.25, prior_sigma: float = 1.0, recency_decay: float = 0.5,
-                 max_epochs: int = 4, drift: bool = True) -> None:
+                 prior_median_frac: float = 0.25, prior_sigma: float = 1.0, prior_within: float = 0.5,
+                 recency_decay: float = 0.5, max_epochs: int = 4, drift: bool = True,
+                 sigma_shrinkage: float = 4.0) -> None:
         self.q = group_max_quantile
         self.source_shrinkage = source_shrinkage
         self.prior_median_frac = prior_median_frac
         self.prior_sigma = prior_sigma
+        self.prior_within = prior_within
         self.recency_decay = recency_decay
         self.max_epochs = max_epochs
         self.drift = drift
+        self.sigma_shrinkage = sigma_shrinkage
 
     def fit_predict(self, prompts: PromptSet, ref_index: np.ndarray, ref_center: np.ndarray,
                     within_sigma: float, max_new_tokens: int) -> Dict[str, np.ndarray]:
-        """Predict (log center, sigma) for every prompt from reference prompts with known log centers."""
+        """Predict log center, within sigma and center uncertainty for every prompt from reference prompts."""
         G = len(prompts)
         if len(ref_index) == 0:
             center = np.full(G, np.log(max(self.prior_median_frac * max_new_tokens, 1.0)))
-            return {"center": center, "sigma": np.full(G, self.prior_sigma), "slope": 0.0}
+            return {"center": center, "within": np.full(G, self.prior_within),
+                    "center_sd": np.full(G, self.prior_sigma), "slope": 0.0}
         base = float(np.median(ref_center))
         resid = ref_center - base
         pred = np.full(G, base)
@@ -187,67 +337,37 @@ class ColdStartEstimator:
             pred = pred + offset[code]
             resid = resid - offset[code[ref_index]]
         between = float(np.var(resid)) if len(resid) > 1 else self.prior_sigma ** 2
-        sigma = float(np.sqrt(between + within_sigma ** 2))
-        return {"center": pred, "sigma": np.full(G, sigma), "slope": slope}
+        return {"center": pred, "within": np.full(G, within_sigma), "center_sd": np.full(G, np.sqrt(between)),
+                "slope": slope}
 
     def estimate(self, prompts: PromptSet, history: Optional[LengthHistory], max_new_tokens: int) -> LengthEstimate:
-        stats = _HistoryStats.build(prompts, history, self.recency_decay, self.max_epochs, self.drift)
-        ref = np.flatnonzero(stats.has)
-        pred = self.fit_predict(prompts, ref, stats.center[ref], stats.pooled_sigma, max_new_tokens)
-        return _finish(prompts, pred["center"], pred["sigma"], np.zeros(len(prompts), dtype=bool), self.q,
-                       max_new_tokens, self.name,
+        found = _analyse(prompts, history, self.recency_decay, self.max_epochs, self.drift, self.sigma_shrinkage,
+                         0.05, self.prior_within, max_new_tokens)
+        if found is None:
+            pred = self.fit_predict(prompts, np.zeros(0, dtype=np.int64), np.zeros(0), self.prior_within,
+                                    max_new_tokens)
+            drift_factor = 1.0
+        else:
+            model, stats, spread = found
+            ref = np.flatnonzero(stats.has)
+            pred = self.fit_predict(prompts, ref, stats.center[ref], spread.pooled_within, max_new_tokens)
+            drift_factor = model.factor
+        return _finish(prompts, pred["center"], pred["within"], pred["center_sd"],
+                       np.zeros(len(prompts), dtype=bool), self.q, max_new_tokens, self.name,
                        {"group_max_quantile": self.q, "slope_log_prompt_len": pred["slope"],
-                        "drift_factor": stats.drift.factor})
+                        "drift_factor": drift_factor})
 
 
-@dataclass
-class _HistoryStats:
-    """Per-prompt drift-adjusted summaries of the history, shared by the history and cold-start estimators."""
-
-    center: np.ndarray  # log median per prompt (NaN without history)
-    resid_ss: np.ndarray  # sum of squared residuals around the center
-    dof: np.ndarray  # samples - 1 (0 without history)
-    count: np.ndarray  # samples
-    at_cap_count: np.ndarray  # samples observed at or above max_new_tokens (filled later)
-    has: np.ndarray  # bool
-    pooled_sigma: float
-    drift: DriftModel
-    view: Optional[HistorySamples]
-
-    @staticmethod
-    def build(prompts: PromptSet, history: Optional[LengthHistory], decay: float, max_epochs: int,
-              drift: bool) -> "_HistoryStats":
-        G = len(prompts)
-        if history is None or len(history) == 0:
-            z = np.zeros(G)
-            return _HistoryStats(np.full(G, np.nan), z, z.copy(), z.copy(), z.copy(), np.zeros(G, dtype=bool),
-                                 0.0, DriftModel.none(np.zeros(0, dtype=np.int64)), None)
-        model = DriftModel.fit(history, decay, max_epochs) if drift else \
-            DriftModel.none(np.asarray(history.epochs(), dtype=np.int64))
-        view = history.gather(prompts.prompt_ids, max_epochs=max_epochs)
-        logs = np.log(np.maximum(view.length, 1).astype(np.float64)) + model.offset(view.epoch)
-        latest = history.latest_epoch()
-        weight = decay ** (latest - view.epoch).astype(np.float64)
-        center = _weighted_median(view.group, logs, weight, G)
-        count = view.counts().astype(np.float64)
-        has = count > 0
-        resid = logs - center[view.group]
-        resid_ss = np.bincount(view.group, weights=resid ** 2, minlength=G)
-        dof = np.maximum(count - 1, 0)
-        pooled = float(np.sqrt(resid_ss.sum() / dof.sum())) if dof.sum() > 0 else 0.0
-        return _HistoryStats(center, resid_ss, dof, count, np.zeros(G), has, pooled, model, view)
-
-
-def _finish(prompts: PromptSet, center: np.ndarray, sigma: np.ndarray, has: np.ndarray, q: float,
-            max_new_tokens: int, name: str, params: Dict[str, float],
+def _finish(prompts: PromptSet, center: np.ndarray, within: np.ndarray, center_sd: np.ndarray, has: np.ndarray,
+            q: float, max_new_tokens: int, name: str, params: Dict[str, float],
             p_trunc: Optional[np.ndarray] = None) -> LengthEstimate:
-    """Turn log centers and sigmas into a clipped LengthEstimate."""
+    """Turn log centers and spreads into a clipped LengthEstimate."""
     cap = float(max_new_tokens)
     median = np.clip(np.exp(center), 1.0, cap)
-    gmax = np.clip(group_max_quantile(np.exp(center), sigma, prompts.n, q), median, cap)
+    gmax = np.clip(group_max_quantile(np.exp(center), within, prompts.n, q, center_sd), median, cap)
     if p_trunc is None:
-        p_trunc = truncation_probability(center, sigma, max_new_tokens)
-    return LengthEstimate(median=median, group_max=gmax, sigma=np.asarray(sigma, dtype=np.float64),
+        p_trunc = truncation_probability(center, np.sqrt(within ** 2 + center_sd ** 2), max_new_tokens)
+    return LengthEstimate(median=median, group_max=gmax, sigma=np.asarray(within, dtype=np.float64),
                           p_trunc=np.clip(p_trunc, 0.0, 1.0), has_history=has, estimator=name,
                           params=dict(params))
 
@@ -256,15 +376,17 @@ class HistoryEstimator:
     """Per-prompt prediction from the prompt's own earlier lengths (the recommended primary signal).
 
     center_i = recency-weighted (decay**age) interpolated median of drift-adjusted log-lengths over the
-    prompt's last `max_epochs` epochs; sigma_i = within-prompt spread around that center, shrunk toward the
-    dataset's pooled spread with `sigma_shrinkage` pseudo-samples; group_max_i = the q-quantile of the max of
-    n lognormal samples; everything clipped at max_new_tokens. Prompts without history use ColdStartEstimator.
+    prompt's last `max_epochs` epochs; sigma_i = within-group log-spread, shrunk toward the dataset's pooled
+    spread with `sigma_shrinkage` pseudo-samples; group_max_i = the q-quantile of the max of n lognormal
+    samples (widened by the center's back-tested uncertainty); everything clipped at max_new_tokens.
+    Prompts without history use ColdStartEstimator. Formulas: docs/estimation.md.
     """
 
     name = "history"
 
     def __init__(self, recency_decay: float = 0.5, max_epochs: int = 4, group_max_quantile: float = 0.8,
-                 sigma_shrinkage: float = 4.0, drift: bool = True, min_sigma: float = 0.05) -> None:
+                 sigma_shrinkage: float = 4.0, drift: bool = True, min_sigma: float = 0.05,
+                 prior_within: float = 0.5) -> None:
         if not 0.0 < recency_decay <= 1.0:
             raise ConfigError(f"recency_decay must be in (0, 1], got {recency_decay}", key="recency_decay")
         if not 0.0 < group_max_quantile < 1.0:
@@ -280,8 +402,10 @@ class HistoryEstimator:
         self.sigma_shrinkage = sigma_shrinkage
         self.drift = drift
         self.min_sigma = min_sigma
+        self.prior_within = prior_within
         self.cold_start = ColdStartEstimator(group_max_quantile=group_max_quantile, recency_decay=recency_decay,
-                                             max_epochs=max_epochs, drift=drift)
+                                             max_epochs=max_epochs, drift=drift, prior_within=prior_within,
+                                             sigma_shrinkage=sigma_shrinkage)
 
     def params(self) -> Dict[str, float]:
         return {"recency_decay": self.recency_decay, "max_epochs": float(self.max_epochs),
@@ -289,29 +413,30 @@ class HistoryEstimator:
                 "drift": float(self.drift)}
 
     def estimate(self, prompts: PromptSet, history: Optional[LengthHistory], max_new_tokens: int) -> LengthEstimate:
-        stats = _HistoryStats.build(prompts, history, self.recency_decay, self.max_epochs, self.drift)
+        found = _analyse(prompts, history, self.recency_decay, self.max_epochs, self.drift, self.sigma_shrinkage,
+                         self.min_sigma, self.prior_within, max_new_tokens)
+        params = self.params()
+        if found is None:
+            pred = self.cold_start.fit_predict(prompts, np.zeros(0, dtype=np.int64), np.zeros(0),
+                                               self.prior_within, max_new_tokens)
+            params.update({"drift_factor": 1.0, "cold_start_frac": 1.0})
+            return _finish(prompts, pred["center"], pred["within"], pred["center_sd"],
+                           np.zeros(len(prompts), dtype=bool), self.q, max_new_tokens, self.name, params)
+        model, stats, spread = found
         has = stats.has
         ref = np.flatnonzero(has)
-        cold = self.cold_start.fit_predict(prompts, ref, stats.center[ref], stats.pooled_sigma, max_new_tokens)
-        k = self.sigma_shrinkage
-        global_var = stats.pooled_sigma ** 2
-        denom = stats.dof + k
-        var = np.where(denom > 0, (stats.resid_ss + k * global_var) / np.where(denom > 0, denom, 1.0), global_var)
-        sigma = np.maximum(np.sqrt(var), self.min_sigma)
+        cold = self.cold_start.fit_predict(prompts, ref, stats.center[ref], spread.pooled_within, max_new_tokens)
         center = np.where(has, stats.center, cold["center"])
-        sigma = np.where(has, sigma, cold["sigma"])
+        within = np.where(has, spread.within, cold["within"])
+        center_sd = np.where(has, spread.center_sd, cold["center_sd"])
         # truncation: the lognormal tail mass, blended with the observed share of samples at the cap
-        model_p = truncation_probability(center, sigma, max_new_tokens)
-        p_trunc = model_p
-        if stats.view is not None and len(stats.view.length):
-            at_cap = np.bincount(stats.view.group, weights=(stats.view.length >= max_new_tokens).astype(float),
-                                 minlength=len(prompts))
-            p_trunc = np.where(has, (at_cap + k * model_p) / (stats.count + k if k > 0 else
-                                                              np.maximum(stats.count, 1)), model_p)
-        params = self.params()
-        params.update({"drift_factor": stats.drift.factor, "pooled_sigma": stats.pooled_sigma,
+        model_p = truncation_probability(center, np.sqrt(within ** 2 + center_sd ** 2), max_new_tokens)
+        k = self.sigma_shrinkage
+        p_trunc = np.where(has, (stats.at_cap + k * model_p) / np.maximum(stats.count + k, 1.0), model_p)
+        params.update({"drift_factor": model.factor, "pooled_sigma": spread.pooled_within,
+                       "center_drift_sd": spread.drift_sd, "spread_mode_within": float(spread.mode == "within"),
                        "cold_start_frac": float(1.0 - has.mean()) if len(has) else 0.0})
-        return _finish(prompts, center, sigma, has, self.q, max_new_tokens, self.name, params, p_trunc)
+        return _finish(prompts, center, within, center_sd, has, self.q, max_new_tokens, self.name, params, p_trunc)
 
 
 class OracleEstimator:

@@ -72,7 +72,7 @@ class LengthHistory:
         self._offsets = np.zeros(1, dtype=np.int64)
         self._values = np.zeros(0, dtype=np.int64)
         self._pending: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        self._index: Optional[Dict[str, Tuple[int, int]]] = None
+        self._index: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
 
     # ------------------------------------------------------------------ building
     def add(self, prompt_id: str, epoch: int, lengths: Sequence[int]) -> None:
@@ -163,43 +163,53 @@ class LengthHistory:
         self._consolidate()
         return self._pid, self._epoch, self._offsets, self._values
 
-    def _ranges(self) -> Dict[str, Tuple[int, int]]:
-        """prompt id -> [first, last) record rows (records of a prompt are contiguous, epoch-sorted)."""
+    def _ranges(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sorted distinct prompt ids (str array) with their [start, end) record rows.
+
+        Records of one prompt are contiguous and epoch-sorted, so a prompt's history is one slice.
+        """
         self._consolidate()
         if self._index is None:
             pid = self._pid.astype(str)
             if len(pid) == 0:
-                self._index = {}
+                self._index = (np.zeros(0, dtype=str), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
             else:
                 starts = np.flatnonzero(np.concatenate(([True], pid[1:] != pid[:-1])))
                 ends = np.concatenate((starts[1:], [len(pid)]))
-                self._index = dict(zip(pid[starts].tolist(), zip(starts.tolist(), ends.tolist())))
+                self._index = (pid[starts], starts.astype(np.int64), ends.astype(np.int64))
         return self._index
+
+    def _locate(self, prompt_ids: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+        """[start, end) record rows per asked prompt (start == end for prompts without history)."""
+        uniq, starts, ends = self._ranges()
+        q = np.asarray(prompt_ids).astype(str)
+        if len(uniq) == 0 or len(q) == 0:
+            z = np.zeros(len(q), dtype=np.int64)
+            return z, z.copy()
+        pos = np.minimum(np.searchsorted(uniq, q), len(uniq) - 1)
+        found = uniq[pos] == q
+        return np.where(found, starts[pos], 0), np.where(found, ends[pos], 0)
 
     def gather(self, prompt_ids: Sequence[str], max_epochs: Optional[int] = None,
                before_epoch: Optional[int] = None) -> HistorySamples:
-        """All samples of the given prompts as flat arrays (see HistorySamples).
+        """All samples of the given prompts as flat arrays (see HistorySamples), fully vectorised.
 
         `max_epochs` keeps each prompt's most recent k epochs; `before_epoch` drops epochs >= it (for
         back-testing: predict epoch e from what was known before it).
         """
-        index = self._ranges()
-        rows: List[np.ndarray] = []
-        groups: List[np.ndarray] = []
-        for g, pid in enumerate(map(str, prompt_ids)):
-            rng = index.get(pid)
-            if rng is None:
-                continue
-            r = np.arange(rng[0], rng[1], dtype=np.int64)
-            if before_epoch is not None:
-                r = r[self._epoch[r] < before_epoch]
-            if max_epochs is not None and len(r) > max_epochs:
-                r = r[-max_epochs:]
-            if len(r):
-                rows.append(r)
-                groups.append(np.full(len(r), g, dtype=np.int64))
-        rec_rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-        rec_group = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
+        start, end = self._locate(prompt_ids)
+        counts = end - start
+        grp_offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        rec_rows = np.repeat(start - grp_offsets[:-1], counts) + np.arange(int(counts.sum()), dtype=np.int64)
+        rec_group = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        if before_epoch is not None:
+            keep = self._epoch[rec_rows] < before_epoch
+            rec_rows, rec_group = rec_rows[keep], rec_group[keep]
+        if max_epochs is not None and len(rec_rows):
+            per = np.bincount(rec_group, minlength=len(counts))
+            last = np.cumsum(per)[rec_group] - 1  # index of the group's last (most recent) record
+            keep = last - np.arange(len(rec_rows)) < max_epochs
+            rec_rows, rec_group = rec_rows[keep], rec_group[keep]
         counts = self._offsets[rec_rows + 1] - self._offsets[rec_rows]
         idx = _segment_gather(self._offsets, rec_rows)
         rec_of_sample = np.repeat(np.arange(len(rec_rows), dtype=np.int64), counts)
@@ -209,15 +219,11 @@ class LengthHistory:
 
     def lengths_for(self, prompt_ids: Sequence[str]) -> List[Dict[int, np.ndarray]]:
         """Per prompt (in the order given) a mapping epoch -> observed lengths; empty for unseen prompts."""
-        index = self._ranges()
+        start, end = self._locate(prompt_ids)
         out: List[Dict[int, np.ndarray]] = []
-        for pid in map(str, prompt_ids):
-            rng = index.get(pid)
-            d: Dict[int, np.ndarray] = {}
-            if rng is not None:
-                for r in range(rng[0], rng[1]):
-                    d[int(self._epoch[r])] = self._values[self._offsets[r]:self._offsets[r + 1]].copy()
-            out.append(d)
+        for s, e in zip(start.tolist(), end.tolist()):
+            out.append({int(self._epoch[r]): self._values[self._offsets[r]:self._offsets[r + 1]].copy()
+                        for r in range(s, e)})
         return out
 
     def epoch_matrix(self, prompt_ids: Sequence[str], epoch: int, n: Optional[int] = None) -> np.ndarray:
