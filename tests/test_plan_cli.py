@@ -1,0 +1,161 @@
+"""`asp plan` end to end through `mindspeed_asp.cli.main`, including malformed inputs."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindspeed_asp.cli import main
+from mindspeed_asp.scheduler.plan import load_plan
+from mindspeed_asp.workloads.prompts import load_prompt_set
+
+
+def write_inputs(tmp: Path, G: int = 40, n: int = 4, epochs: int = 2, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    data = tmp / "prompts.jsonl"
+    hist = tmp / "history.jsonl"
+    mu = rng.lognormal(5, 0.9, G)
+    with data.open("w") as fh:
+        for i in range(G):
+            fh.write(json.dumps({"prompt_id": f"q{i}", "prompt_len": int(rng.integers(10, 300))}) + "\n")
+    with hist.open("w") as fh:
+        for e in range(epochs):
+            for i in range(G):
+                lens = np.minimum(np.rint(mu[i] * rng.lognormal(0, 0.4, n)), 1024).astype(int).tolist()
+                fh.write(json.dumps({"prompt_id": f"q{i}", "epoch": e, "lengths": lens}) + "\n")
+    return data, hist
+
+
+def base_args(data, hist, out, *extra):
+    return ["plan", "--dataset", str(data), "--history", str(hist), "--instances", "4", "--slots", "16",
+            "--minibatch", "4", "--n", "4", "--no-progress", "-o", str(out), *extra]
+
+
+@pytest.mark.parametrize("planner", ["asp", "stock", "verl_kk", "least_loaded"])
+def test_plan_end_to_end(tmp_path, capsys, planner):
+    data, hist = write_inputs(tmp_path)
+    out = tmp_path / "plan.parquet"
+    rc = main(base_args(data, hist, out, "--planner", planner, "--groups-per-iteration", "16",
+                        "--json", str(tmp_path / "summary.json")))
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "40 (160 samples) in 3 iteration(s) on 4 instance(s)" in text
+    assert "bound" in text and "max/mean" in text
+    prompts = load_prompt_set(data, n=4)
+    plan = load_plan(out, prompts)
+    assert plan.iterations() == [0, 1, 2] and plan.header["planner"] == planner
+    assert plan.header["max_new_tokens"] == 1024  # inferred from the history's longest length
+    assert plan.header["sources"]["history"] == str(hist)
+    queues = [q for it in plan.iterations() for j in range(4) for q in plan.instance_queue(it, j)]
+    assert sorted(queues) == sorted(f"q{i}" for i in range(40))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["groups"] == 40 and summary["pred_makespan_s"] >= summary["pred_bound_s"] * 0.999
+
+
+def test_plan_jsonl_cost_file_and_oracle(tmp_path, capsys):
+    data, hist = write_inputs(tmp_path, epochs=3)
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"a": 0.004, "b": 1e-5, "c": 2e-7, "p": 1e-6}))
+    out = tmp_path / "plan.jsonl"
+    assert main(base_args(data, hist, out, "--cost", str(cost), "--rho", "0.5", "--max-new-tokens", "2048")) == 0
+    plan = load_plan(out, load_prompt_set(data, n=4))
+    assert plan.header["cost"] == {"a": 0.004, "b": 1e-5, "c": 2e-7, "p": 1e-6, "source": str(cost)}
+    assert plan.header["rho"] == 0.5 and plan.header["max_new_tokens"] == 2048
+    out2 = tmp_path / "oracle.parquet"
+    assert main(base_args(data, hist, out2, "--planner", "oracle_asp", "--truth", str(hist))) == 0
+    oplan = load_plan(out2)
+    assert oplan.header["estimator"] == "oracle" and oplan.header["sources"]["truth_epoch"] == 2
+
+
+def test_cold_start_without_history(tmp_path):
+    data, _ = write_inputs(tmp_path)
+    out = tmp_path / "plan.parquet"
+    args = ["plan", "--dataset", str(data), "--instances", "2", "--slots", "8", "--minibatch", "2", "--n", "4",
+            "--max-new-tokens", "512", "--no-progress", "-o", str(out)]
+    assert main(args) == 0
+    assert load_plan(out).num_groups == 40
+
+
+def run_error(capsys, args):
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("asp plan: error: ") and err.count("\n") == 1
+    return err
+
+
+def test_malformed_dataset_line_is_named(tmp_path, capsys):
+    data, hist = write_inputs(tmp_path)
+    lines = data.read_text().splitlines()
+    lines[2] = '{"prompt_id": "q2", "prompt_len": '
+    data.write_text("\n".join(lines) + "\n")
+    err = run_error(capsys, base_args(data, hist, tmp_path / "p.parquet"))
+    assert f"{data}:3" in err
+    lines[2] = '{"prompt_id": "q1", "prompt_len": 5}'  # duplicate id
+    data.write_text("\n".join(lines) + "\n")
+    err = run_error(capsys, base_args(data, hist, tmp_path / "p.parquet"))
+    assert f"{data}:3" in err and "duplicate" in err
+    lines[2] = '{"prompt_id": "q2"}'
+    data.write_text("\n".join(lines) + "\n")
+    err = run_error(capsys, base_args(data, hist, tmp_path / "p.parquet"))
+    assert f"{data}:3" in err and "prompt_len" in err
+
+
+def test_malformed_history_line_is_named(tmp_path, capsys):
+    data, hist = write_inputs(tmp_path)
+    lines = hist.read_text().splitlines()
+    lines[4] = '{"prompt_id": "q4", "epoch": 0, "lengths": "long"}'
+    hist.write_text("\n".join(lines) + "\n")
+    err = run_error(capsys, base_args(data, hist, tmp_path / "p.parquet"))
+    assert f"{hist}:5" in err
+    lines[4] = "not json"
+    hist.write_text("\n".join(lines) + "\n")
+    err = run_error(capsys, base_args(data, hist, tmp_path / "p.parquet"))
+    assert f"{hist}:5" in err
+
+
+def test_bad_flags_and_side_files_are_named(tmp_path, capsys):
+    data, hist = write_inputs(tmp_path)
+    out = tmp_path / "p.parquet"
+    assert "unknown planner 'fast'" in run_error(capsys, base_args(data, hist, out, "--planner", "fast"))
+    assert "--truth" in run_error(capsys, base_args(data, hist, out, "--planner", "oracle_lpt"))
+    assert "--instances" in run_error(capsys, base_args(data, hist, out, "--instances", "0"))
+    assert ".parquet or .jsonl" in run_error(capsys, base_args(data, hist, tmp_path / "p.csv"))
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"a": 0.01, "c": 1e-7}))
+    err = run_error(capsys, base_args(data, hist, out, "--cost", str(cost)))
+    assert str(cost) in err and "key 'b'" in err
+    assert "not found" in run_error(capsys, base_args(data, tmp_path / "nohist.parquet", out))
+    args = ["plan", "--dataset", str(data), "--slots", "8", "--minibatch", "2", "-o", str(out)]
+    assert "--instances" in run_error(capsys, args)
+    assert not out.exists()
+
+
+def _shared_data() -> Path:
+    env = os.environ.get("ASP_SHARED_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_plan_on_the_alpaca_trace(tmp_path, capsys):
+    """Real lengths: three temperatures of each Alpaca prompt as history, planned over 8 instances."""
+    src = _shared_data() / "alpaca-train-10k-length.json"
+    if not src.is_file():
+        pytest.skip(f"shared data not found at {src} (set ASP_SHARED_DATA)")
+    rows = json.loads(src.read_text())[:2000]
+    data, hist = tmp_path / "alpaca.jsonl", tmp_path / "alpaca_hist.jsonl"
+    with data.open("w") as fd, hist.open("w") as fh:
+        for r in rows:
+            fd.write(json.dumps({"prompt_id": str(r["id"]), "prompt_len": 64}) + "\n")
+            lens = [int(r[k]) for k in ("L_t0.0", "L_t0.3", "L_t0.5")]
+            fh.write(json.dumps({"prompt_id": str(r["id"]), "epoch": 0, "lengths": lens}) + "\n")
+    out = tmp_path / "alpaca_plan.parquet"
+    args = ["plan", "--dataset", str(data), "--history", str(hist), "--instances", "8", "--slots", "32",
+            "--minibatch", "16", "--n", "3", "--groups-per-iteration", "512", "--no-progress", "-o", str(out),
+            "--json", str(tmp_path / "s.json")]
+    assert main(args) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["iterations"] == 4 and s["with_history"] == 2000 and s["max_new_tokens"] == 512
+    assert s["pred_max_over_mean_worst"] < 1.05  # balanced by predicted work

@@ -1,0 +1,164 @@
+"""DispatchPlan file: round trip in both formats with provenance, accessors, refusals."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from mindspeed_asp import __version__
+from mindspeed_asp.errors import InputError, PlanMismatchError
+from mindspeed_asp.scheduler.build import build_plan, iteration_starts
+from mindspeed_asp.scheduler.plan import META_KEY, SCHEMA_VERSION, DispatchPlan, load_plan
+from mindspeed_asp.scheduler.types import CostModel, LengthEstimate, PromptSet
+
+
+def dataset(G: int = 50, n: int = 4, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    prompts = PromptSet(prompt_ids=np.array([f"id-{i}" for i in range(G)], dtype=object),
+                        prompt_lens=rng.integers(10, 200, G), n=n, origin="train.jsonl")
+    med = rng.lognormal(5, 0.8, G)
+    est = LengthEstimate(median=med, group_max=med * 1.8, sigma=np.full(G, 0.4), p_trunc=np.zeros(G),
+                         has_history=np.ones(G, bool), estimator="history", params={"recency_decay": 0.5})
+    return prompts, est
+
+
+@pytest.fixture(scope="module")
+def built():
+    prompts, est = dataset()
+    result = build_plan(prompts, est, instances=3, slots=16, minibatch=4, max_new_tokens=2048, planner="asp",
+                        groups_per_iteration=20, cost=CostModel(a=0.01, b=1e-4, c=1e-7, source="test"),
+                        rho=0.5, seed=7, provenance={"history": "hist.parquet"})
+    return prompts, est, result
+
+
+def test_iteration_windows():
+    assert iteration_starts(50, 20) == [0, 20, 40, 50]
+    assert iteration_starts(7, None) == [0, 7]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_round_trip_with_provenance(tmp_path, built, suffix):
+    prompts, est, result = built
+    plan = result.plan
+    path = plan.save(tmp_path / f"plan{suffix}")
+    back = DispatchPlan.load(path, prompts)
+    for k, v in plan.cols.items():
+        assert (np.asarray(back.cols[k]) == np.asarray(v)).all(), k
+    h = back.header
+    assert h["schema_version"] == SCHEMA_VERSION
+    assert h["dataset_fingerprint"] == prompts.fingerprint()
+    assert h["estimator"] == "history" and h["estimator_params"]["recency_decay"] == 0.5
+    assert h["planner"] == "asp" and len(h["planner_params"]) == 3 and "theta" in h["planner_params"][0]
+    assert h["package_version"] == __version__ and h["created_at"].endswith("+00:00")
+    assert h["cost"]["source"] == "test" and h["rho"] == 0.5 and h["seed"] == 7
+    assert h["sources"] == {"history": "hist.parquet"}
+    assert h["iteration_starts"] == [0, 20, 40, 50] and h["instances"] == 3 and h["n"] == 4
+    assert len(h["summary"]) == 3 and h["summary"][0]["makespan"] >= h["summary"][0]["bound"] * 0.999
+
+
+def test_accessors_match_the_built_assignments(built):
+    prompts, est, result = built
+    plan = result.plan
+    assert plan.iterations() == [0, 1, 2]
+    seen = []
+    for it in plan.iterations():
+        a = plan.assignment(it)
+        rows = plan.iteration_rows(it)
+        a.validate(len(rows))
+        for j in range(plan.instances):
+            queue = plan.instance_queue(it, j)
+            assert queue == [str(prompts.prompt_ids[rows[g]]) for g in a.orders[j]]
+            assert (plan.instance_rows(it, j) == rows[a.orders[j]]).all()
+            seen += queue
+        for g, row in enumerate(rows):
+            pid = str(prompts.prompt_ids[row])
+            assert plan.minibatch_of(pid) == a.minibatch[g] >= 0
+            assert plan.iteration_of(pid) == it
+        sub = plan.iteration_prompts(it, prompts)
+        assert list(sub.prompt_ids) == list(prompts.prompt_ids[rows])
+    assert sorted(seen) == sorted(map(str, prompts.prompt_ids))
+    first = str(prompts.prompt_ids[0])
+    assert plan.predicted(first)["median"] == pytest.approx(est.median[0])
+    with pytest.raises(KeyError, match="not in plan"):
+        plan.minibatch_of("nope")
+    with pytest.raises(IndexError):
+        plan.instance_queue(3, 0)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_fingerprint_mismatch_is_refused(tmp_path, built, suffix):
+    prompts, _, result = built
+    path = result.plan.save(tmp_path / f"plan{suffix}")
+    other = PromptSet(prompt_ids=prompts.prompt_ids, prompt_lens=prompts.prompt_lens + 1, n=prompts.n,
+                      origin="other.jsonl")
+    with pytest.raises(PlanMismatchError) as exc:
+        load_plan(path, other)
+    msg = str(exc.value)
+    assert prompts.fingerprint() in msg and other.fingerprint() in msg
+    assert "other.jsonl" in msg and "rebuild" in msg
+    reordered = prompts.subset(np.arange(len(prompts))[::-1])
+    with pytest.raises(PlanMismatchError):
+        load_plan(path, reordered)
+
+
+def test_unknown_schema_version_is_refused(tmp_path, built):
+    _, _, result = built
+    path = result.plan.save(tmp_path / "plan.jsonl")
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["schema_version"] = 99
+    path.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
+    with pytest.raises(PlanMismatchError, match="schema version 99"):
+        load_plan(path)
+
+    ppath = result.plan.save(tmp_path / "plan.parquet")
+    table = pq.read_table(ppath)
+    meta = json.loads(table.schema.metadata[META_KEY])
+    meta["schema_version"] = 2
+    pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps(meta)}), ppath)
+    with pytest.raises(PlanMismatchError, match="schema version 2"):
+        load_plan(ppath)
+
+
+def test_malformed_files_name_file_and_line(tmp_path, built):
+    _, _, result = built
+    path = result.plan.save(tmp_path / "plan.jsonl")
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3][:-5]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"plan\.jsonl:4"):
+        load_plan(path)
+
+    lines = result.plan.save(tmp_path / "plan2.jsonl").read_text().splitlines()
+    row = json.loads(lines[2])
+    row["instance"] = "zero"
+    lines[2] = json.dumps(row)
+    (tmp_path / "plan2.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"plan2\.jsonl:3.*instance"):
+        load_plan(tmp_path / "plan2.jsonl")
+
+    lines = result.plan.save(tmp_path / "plan3.jsonl").read_text().splitlines()
+    (tmp_path / "plan3.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # a group missing
+    with pytest.raises(InputError, match="exactly once"):
+        load_plan(tmp_path / "plan3.jsonl")
+
+    pq.write_table(pq.read_table(result.plan.save(tmp_path / "p.parquet")).replace_schema_metadata({}),
+                   tmp_path / "bare.parquet")
+    with pytest.raises(InputError, match="not a mindspeed-asp dispatch plan"):
+        load_plan(tmp_path / "bare.parquet")
+    with pytest.raises(InputError, match="not found"):
+        load_plan(tmp_path / "missing.parquet")
+    with pytest.raises(InputError, match=r"\.parquet or \.jsonl"):
+        result.plan.save(tmp_path / "plan.csv")
+
+
+def test_baseline_plan_is_untagged_and_stock_is_contiguous(tmp_path):
+    prompts, est = dataset(G=12)
+    plan = build_plan(prompts, est, instances=3, slots=8, minibatch=2, max_new_tokens=1024,
+                      planner="stock").plan
+    back = load_plan(plan.save(tmp_path / "stock.parquet"), prompts)
+    assert back.instance_queue(0, 0) == [f"id-{i}" for i in range(4)]
+    assert back.instance_queue(0, 2) == [f"id-{i}" for i in range(8, 12)]
+    assert back.minibatch_of("id-5") == -1
