@@ -112,6 +112,7 @@ class RolloutInstanceImpl:
         self._paused = False
         self._error: Optional[str] = None
         self._eos: Optional[int] = None
+        self._vocab_size = 0
         self._req_counter = 0
         self._stats = {"finished_total": 0, "busy_seconds": 0.0, "steps": 0, "generated_tokens": 0,
                        "stolen_in": 0, "stolen_out": 0, "weight_syncs": 0, "weight_sync_seconds": 0.0}
@@ -152,6 +153,7 @@ class RolloutInstanceImpl:
             raise ConfigError(f"invalid vLLM engine option: {exc}", key="engine.extra") from exc
         self._engine = LLMEngine.from_engine_args(args)
         self._eos = model_eos_token_id(cfg.model_path)
+        self._vocab_size = int(getattr(self._engine.model_config, "get_vocab_size", lambda: 0)() or 0)
         self._thread = threading.Thread(target=self._loop, name=f"asp-instance-{self.index}", daemon=True)
         self._thread.start()
         self._start_info = {"index": self.index, "pid": os.getpid(), "platform": self.platform.kind,
@@ -180,6 +182,9 @@ class RolloutInstanceImpl:
 
     # ---------------------------------------------------------------------------------------- queue
     def submit(self, groups: Sequence[GroupRequest], stolen: bool = False) -> int:
+        """Append groups to the queue in order; a group the engine could never run is refused here."""
+        for g in groups:
+            self._validate(g)
         now = time.time()
         with self._lock:
             for g in groups:
@@ -263,6 +268,14 @@ class RolloutInstanceImpl:
             return self._engine.collective_rpc("asp_weights_checksum")[0]
 
     # ----------------------------------------------------------------------------------------- loop
+    def _validate(self, g: GroupRequest) -> None:
+        if len(g.prompt_token_ids) >= self.config.max_model_len:
+            raise ValueError(f"group {g.group_id}: prompt of {len(g.prompt_token_ids)} tokens does not fit "
+                             f"max_model_len {self.config.max_model_len}")
+        vocab = self._vocab_size
+        if vocab and (max(g.prompt_token_ids) >= vocab or min(g.prompt_token_ids) < 0):
+            raise ValueError(f"group {g.group_id}: prompt token ids must lie in [0, {vocab})")
+
     def _require_engine(self) -> None:
         if self._engine is None:
             raise RuntimeError(f"rollout instance {self.index} not started: call start() first")
