@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -71,6 +72,30 @@ class MsrlTopology:
         return self.train_npus + self.rollout_npus
 
 
+_ENV_REF = re.compile(r"^\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,(.*))?\}$")
+
+
+def resolve_env(obj: Any, path: str = "<config>", key: str = "") -> Any:
+    """Resolve OmegaConf `${oc.env:NAME[,default]}` strings, as Hydra does when MindSpeed-RL loads the YAML
+    (ASP reads the same file with plain PyYAML in every Ray worker)."""
+    if isinstance(obj, dict):
+        return {k: resolve_env(v, path, f"{key}.{k}" if key else str(k)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [resolve_env(v, path, key) for v in obj]
+    if isinstance(obj, str):
+        m = _ENV_REF.match(obj.strip())
+        if m:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is None:
+                raise ConfigError(f"environment variable {name} is not set (the shell/ launch scripts export it)",
+                                  path=path, key=key)
+            default = default.strip().strip("'\"")
+            return None if default == "null" else default
+    return obj
+
+
 def _get(data: Dict[str, Any], dotted: str, path: str, default: Any = ...) -> Any:
     node: Any = data
     for part in dotted.split("."):
@@ -96,6 +121,7 @@ def topology_from_dict(data: Dict[str, Any], path: str = "<config>") -> MsrlTopo
             raise ConfigError("missing MindSpeed-RL section", path=path, key=section)
     if "asp" not in data:
         raise ConfigError("no top-level 'asp:' section", path=path)
+    data = dict(data, asp=resolve_env(data["asp"], path, "asp"))
     asp = validate_section(data["asp"], AspSection, path, prefix="asp")
     topo = MsrlTopology(
         asp=asp, path=path,
@@ -170,3 +196,23 @@ def rollout_dispatch_size(counts: list, n: int, gbs: int, instances: int) -> int
         g = math.gcd(g, int(c))
     g = math.gcd(g, gbs // instances) if gbs % instances == 0 else math.gcd(g, gbs)
     return n * max(1, g)
+
+
+def shell_vars(t: MsrlTopology) -> str:
+    """`KEY=value` lines for the launch scripts (sourced with eval)."""
+    import shlex
+    v = {"ASP_MODE": t.asp.mode, "ASP_INSTANCES": t.instances, "ASP_SLOTS": t.asp.slots, "ASP_GBS": t.gbs,
+         "ASP_N": t.n, "ASP_MAX_TOKENS": t.max_tokens, "ASP_TRAIN_NPUS": t.train_npus,
+         "ASP_ROLLOUT_NPUS": t.rollout_npus, "ASP_TOTAL_NPUS": t.total_npus, "ASP_INFER_TP": t.infer_tp,
+         "ASP_MAX_LAG": t.asp.max_lag, "ASP_PLANNER": t.asp.planner, "ASP_TRAIN_ITERS": t.train_iters,
+         "ASP_SEED": t.seed, "ASP_PLAN_PATH": t.asp.plan_path or "", "ASP_COLOCATED_PLAN": int(t.colocated_plan)}
+    return "\n".join(f"{k}={shlex.quote(str(x))}" for k, x in v.items())
+
+
+if __name__ == "__main__":  # python -m ...config_section CONFIG.yaml -> shell variables (errors: one line, exit 2)
+    import sys
+    try:
+        print(shell_vars(load_topology(sys.argv[1])))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -109,14 +109,27 @@ def plan_cursor(create: bool = False) -> Any:
 
 
 # ---------------------------------------------------------------------------- the plan
-def open_plan(path: str, dataset_fingerprint: Optional[str] = None) -> Any:
-    """Load the dispatch plan file written by `asp plan` (fingerprint checked by the plan loader)."""
-    from mindspeed_asp.scheduler import plan as plan_mod  # the scheduler's plan format
-    loader = getattr(plan_mod.DispatchPlan, "load")
-    try:
-        return loader(path, expected_fingerprint=dataset_fingerprint) if dataset_fingerprint else loader(path)
-    except TypeError:
-        return loader(path)
+def prompt_set_from_dataset(dataset: Any, n: int, origin: str = "mindspeed_rl dataset") -> Any:
+    """The PromptSet of a MindSpeed-RL prompt dataset: id = dataset index, length = len(input_ids).
+
+    `export_prompts.py` writes the same ids and lengths for `asp plan`, so the plan's fingerprint matches.
+    """
+    import numpy as np
+    from mindspeed_asp.scheduler.types import PromptSet
+    lens = np.fromiter((len(dataset[i]["input_ids"]) for i in range(len(dataset))), dtype=np.int64,
+                       count=len(dataset))
+    ids = np.array([str(i) for i in range(len(dataset))], dtype=object)
+    return PromptSet(prompt_ids=ids, prompt_lens=lens, n=n, origin=origin)
+
+
+def open_plan(path: str, instances: int, prompts: Any = None) -> Any:
+    """Load the plan written by `asp plan` (fingerprint-checked against `prompts` when given)."""
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+    plan = DispatchPlan.load(path, prompts)
+    if plan.instances != instances:
+        raise ConfigError(f"plan {path} is for {plan.instances} instances but the run has {instances}; rebuild "
+                          f"it with `asp plan --instances {instances}`", key="asp.instances")
+    return plan
 
 
 def iteration_queues(plan: Any, iteration: int, instances: int) -> List[List[str]]:
@@ -207,6 +220,19 @@ def build_grpo_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
     return build_grpo
 
 
+def build_dapo_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """DAPO's docks (main and dynamic-sampling) get ASP's columns too."""
+    def build_dapo(self, should_filter, max_num_prompt_in_batch, td_max_len, n_samples_per_prompt, metrics,
+                   max_age, gbs_train, addition_columns=None, addition_consumers=None, dataset_additional_keys=None):
+        cols = list(addition_columns or [])
+        cols += [c for c in ASP_COLUMNS if c not in cols]
+        return orig(self, should_filter, max_num_prompt_in_batch, td_max_len, n_samples_per_prompt, metrics,
+                    max_age, gbs_train, addition_columns=cols, addition_consumers=addition_consumers,
+                    dataset_additional_keys=dataset_additional_keys)
+    build_dapo.__wrapped__ = orig  # type: ignore[attr-defined]
+    return build_dapo
+
+
 def planned_dp_range_indexes(self: Any, experience_count: int, cursor: Any) -> List[List[int]]:
     """Instance `get_vllm_dp_rank()`'s planned row chunks for the iteration in flight."""
     import ray
@@ -233,7 +259,7 @@ def prompt_loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
         topo = topology_from_env()
         if topo is None or topo.asp.mode != "asp":
             return orig(self)
-        plan = open_plan(topo.asp.plan_path)
+        plan = open_plan(topo.asp.plan_path, topo.instances, prompt_set_from_dataset(self.dataset, topo.n))
         publish = None
         if topo.colocated_plan:  # MindSpeed-RL's own engines pull their rows through the cursor
             import ray
@@ -263,6 +289,7 @@ def loader_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
 DATA_PATCHES = [
     ("mindspeed_rl.trainer.utils.transfer_dock.put_prompts_experience", put_prompts_experience_wrapper),
     ("mindspeed_rl.trainer.utils.data_strategy.DataStrategy.build_grpo", build_grpo_wrapper),
+    ("mindspeed_rl.trainer.utils.data_strategy.DataStrategy.build_dapo", build_dapo_wrapper),
     ("mindspeed_rl.workers.base_worker.BaseWorker.get_dp_range_indexes", get_dp_range_indexes_wrapper),
     ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__iter__", prompt_loader_iter_wrapper),
     ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__init__", loader_init_wrapper),

@@ -107,3 +107,7 @@ def looks_like_training_log(path: str | Path, probe_lines: int = 2000) -> bool:
             if _ITER.search(line):
                 return True
     return False
+
+
+# The name `asp compare` probes for (mindspeed_asp/commands/compare.py); same function.
+read_log_summary = read_training_log

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Shared launch logic for ASP runs inside MindSpeed-RL on Ascend (sourced by shell/<config>.sh).
+#
+# Run the same script on every node, from anywhere:
+#   MINDSPEED_RL_ROOT=/path/to/MindSpeed-RL MASTER_ADDR=<head ip> NODE_RANK=<0..NNODES-1> bash shell/<config>.sh
+# Node 0 builds the dispatch plan (`asp plan`), starts the Ray head and runs training; the others join.
+# Unlike MindSpeed-RL's examples this never runs `pkill -9 python` or `ray stop`: it stops only the Ray
+# processes it started itself (their `ray start --block` parent), so other users' jobs are left alone.
+#
+# Environment (defaults in brackets):
+#   MINDSPEED_RL_ROOT   MindSpeed-RL checkout at 05a90d7 (with mindspeed/, megatron/, mindspeed_llm/ copied in)
+#   MASTER_ADDR [this host]  NODE_RANK [0]  RAY_PORT [6766]  RUN_DIR [runs/<config>]  TRAIN_ITERS [config's]
+#   ASP_PROMPTS [RUN_DIR/prompts.jsonl, exported from the MindSpeed-RL dataset when absent]
+#   ASP_HISTORY (length history for the estimator)  ASP_COST (cost model JSON from `asp fit-cost`)
+#   HCCL_IF_BASE_PORT [64000]  HCCL_CONNECT_TIMEOUT [1800]  HCCL_EXEC_TIMEOUT [3600]  HCCL_BUFFSIZE [256]
+#   ASCEND_TOOLKIT_HOME [/usr/local/Ascend/ascend-toolkit/latest]  ASP_MODE_OVERRIDE (stock runs: see compare)
+
+set -euo pipefail
+
+asp_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${ASP_PYTHON:-python3}"
+
+die() { echo "[asp] error: $*" >&2; exit 2; }
+log() { echo "[asp $(date -u +%H:%M:%S) node ${NODE_RANK:-0}] $*" >&2; }
+
+asp_env() {
+  # The environment MindSpeed-RL's examples set, without their process killing.
+  local toolkit="${ASCEND_TOOLKIT_HOME:-/usr/local/Ascend/ascend-toolkit/latest}"
+  if [ -f "$toolkit/../set_env.sh" ] && [ -z "${ASCEND_HOME_PATH:-}" ]; then
+    set +u
+    # shellcheck disable=SC1091
+    source "$toolkit/../set_env.sh"
+    set -u
+  fi
+  if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ] && [ -z "${ATB_HOME_PATH:-}" ]; then
+    set +u
+    # shellcheck disable=SC1091
+    source /usr/local/Ascend/nnal/atb/set_env.sh
+    set -u
+  fi
+  export TASK_QUEUE_ENABLE="${TASK_QUEUE_ENABLE:-2}"
+  export HCCL_IF_BASE_PORT="${HCCL_IF_BASE_PORT:-64000}"
+  export HCCL_CONNECT_TIMEOUT="${HCCL_CONNECT_TIMEOUT:-1800}"
+  export HCCL_EXEC_TIMEOUT="${HCCL_EXEC_TIMEOUT:-3600}"
+  export HCCL_BUFFSIZE="${HCCL_BUFFSIZE:-256}"
+  export VLLM_ASCEND_ENABLE_NZ=0   # ASP loads synced weights in ND layout
+  export RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=true
+  export LCAL_COMM_ID="${LCAL_COMM_ID:-127.0.0.1:27001}"
+  export CUDA_DEVICE_MAX_CONNECTIONS=1
+  export HYDRA_FULL_ERROR=1
+  local jemalloc
+  jemalloc="$(find /usr/lib /usr/local/lib -maxdepth 2 -name libjemalloc.so.2 2>/dev/null | head -n 1 || true)"
+  if [ -n "$jemalloc" ]; then export LD_PRELOAD="${jemalloc}${LD_PRELOAD:+:$LD_PRELOAD}"; fi
+}
+
+asp_prepare() {
+  # $1 = config name (file in configs/ without .yaml)
+  CONFIG="$1"
+  CONFIG_FILE="$asp_root/configs/$CONFIG.yaml"
+  [ -f "$CONFIG_FILE" ] || die "no config $CONFIG_FILE"
+  [ -n "${MINDSPEED_RL_ROOT:-}" ] || die "set MINDSPEED_RL_ROOT to the MindSpeed-RL checkout (05a90d7)"
+  [ -d "$MINDSPEED_RL_ROOT/mindspeed_rl" ] || die "$MINDSPEED_RL_ROOT is not a MindSpeed-RL checkout"
+  NODE_RANK="${NODE_RANK:-0}"
+  MASTER_ADDR="${MASTER_ADDR:-$(hostname -I | awk '{print $1}')}"
+  RAY_PORT="${RAY_PORT:-6766}"
+  RUN_DIR="$(mkdir -p "${RUN_DIR:-$asp_root/runs/${CONFIG%_asp}}" && cd "${RUN_DIR:-$asp_root/runs/${CONFIG%_asp}}" && pwd)"
+  export MINDSPEED_RL_SRC="$MINDSPEED_RL_ROOT"
+  export ASP_MSRL_CONFIG="$CONFIG_FILE"
+  export ASP_PLAN="${ASP_PLAN:-$RUN_DIR/plan.parquet}"
+  ASP_RUNTIME_ENV="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.setup_hook)"
+  export ASP_RUNTIME_ENV
+  export ASP_RAY_NAMESPACE="${ASP_RAY_NAMESPACE:-asp_${CONFIG}}"
+  local vars
+  vars="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.config_section "$CONFIG_FILE")" || exit 2
+  eval "$vars"
+  TRAIN_ITERS="${TRAIN_ITERS:-$ASP_TRAIN_ITERS}"
+  # Refuse another MindSpeed-RL commit unless ASP_ALLOW_UNPINNED_MINDSPEED_RL=1.
+  "$PY" -c "
+import sys
+from mindspeed_asp.integrations.mindspeed_rl.pins import PinMismatchError, check_mindspeed_rl_commit
+try:
+    print('[asp] MindSpeed-RL', check_mindspeed_rl_commit()[:10])
+except PinMismatchError as exc:
+    sys.exit(str(exc))" || die "MindSpeed-RL pin check failed"
+  asp_env
+}
+
+asp_build_plan() {
+  # Head node only: the plan must exist before training starts.
+  [ "$ASP_MODE" = "asp" ] || return 0
+  local prompts="${ASP_PROMPTS:-$RUN_DIR/prompts.jsonl}"
+  if [ ! -f "$prompts" ]; then
+    log "exporting the MindSpeed-RL prompt dataset to $prompts"
+    (cd "$MINDSPEED_RL_ROOT" && "$PY" -m mindspeed_asp.integrations.mindspeed_rl.export_prompts \
+        --config "$CONFIG_FILE" -o "$prompts")
+  fi
+  local args=(--dataset "$prompts" --config "$CONFIG_FILE" --instances "$ASP_INSTANCES" --slots "$ASP_SLOTS"
+              --minibatch "$ASP_GBS" --groups-per-iteration "$ASP_GBS" --n "$ASP_N"
+              --max-new-tokens "$ASP_MAX_TOKENS" --planner "$ASP_PLANNER" --seed "$ASP_SEED"
+              --json "$RUN_DIR/plan_summary.json" -o "$ASP_PLAN")
+  if [ -n "${ASP_HISTORY:-}" ]; then args+=(--history "$ASP_HISTORY"); fi
+  if [ -n "${ASP_COST:-}" ]; then args+=(--cost "$ASP_COST"); fi
+  log "building the dispatch plan: asp plan ${args[*]}"
+  "$PY" -m mindspeed_asp.cli plan "${args[@]}"
+}
+
+RAY_PID=""
+asp_stop_own_ray() {
+  if [ -n "$RAY_PID" ] && kill -0 "$RAY_PID" 2>/dev/null; then
+    log "stopping the Ray node this script started (pid $RAY_PID)"
+    kill -TERM "$RAY_PID" 2>/dev/null || true
+    wait "$RAY_PID" 2>/dev/null || true
+  fi
+}
+
+asp_start_ray() {
+  # $1 = NPUs on this node. `ray start --block` stays in the foreground of a background job; killing it
+  # shuts down exactly the Ray processes it started.
+  local npus="$1"
+  trap asp_stop_own_ray EXIT INT TERM
+  if [ "$NODE_RANK" = "0" ]; then
+    if "$PY" -c "import ray,sys; ray.init(address='$MASTER_ADDR:$RAY_PORT', logging_level='ERROR'); sys.exit(0)" >/dev/null 2>&1; then
+      die "a Ray cluster already listens on $MASTER_ADDR:$RAY_PORT (someone else's?); pick another RAY_PORT"
+    fi
+    (cd "$MINDSPEED_RL_ROOT" && exec ray start --head --port "$RAY_PORT" --node-ip-address "$MASTER_ADDR" \
+        --resources="{\"NPU\": $npus}" --include-dashboard=false --block) &
+  else
+    (cd "$MINDSPEED_RL_ROOT" && exec ray start --address="$MASTER_ADDR:$RAY_PORT" \
+        --resources="{\"NPU\": $npus}" --block) &
+  fi
+  RAY_PID=$!
+}
+
+asp_wait_nodes() {
+  # $1 = expected node count
+  local want="$1" have=0 tries=0
+  while [ "$have" -lt "$want" ]; do
+    sleep 5
+    tries=$((tries + 1))
+    [ "$tries" -le 360 ] || die "only $have of $want Ray nodes joined within 30 minutes"
+    have="$("$PY" -c "import ray; ray.init(address='$MASTER_ADDR:$RAY_PORT', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" 2>/dev/null || echo 0)"
+    log "Ray nodes alive: $have / $want"
+  done
+}
+
+asp_train() {
+  # $1 = MindSpeed-RL entry script (cli/train_grpo.py or cli/train_dapo.py); extra args = Hydra overrides
+  local entry="$1"; shift
+  log "training: $entry --config-name $CONFIG (log: $RUN_DIR/train.log)"
+  (cd "$MINDSPEED_RL_ROOT" && "$PY" "$entry" --config-path "$asp_root/configs" --config-name "$CONFIG" \
+      "hydra.searchpath=[file://$MINDSPEED_RL_ROOT/configs]" "megatron_training.train_iters=$TRAIN_ITERS" \
+      "hydra.run.dir=$RUN_DIR/hydra" "$@") 2>&1 | tee "$RUN_DIR/train.log"
+}
+
+asp_launch() {
+  # asp_launch CONFIG NNODES NPUS_PER_NODE ENTRY [hydra overrides...]
+  local config="$1" nnodes="$2" npus="$3" entry="$4"; shift 4
+  asp_prepare "$config"
+  local need=$((nnodes * npus))
+  [ "$ASP_TOTAL_NPUS" -le "$need" ] || die "$config needs $ASP_TOTAL_NPUS NPUs but $nnodes x $npus = $need are launched"
+  if [ "$NODE_RANK" = "0" ]; then
+    asp_build_plan
+    asp_start_ray "$npus"
+    asp_wait_nodes "$nnodes"
+    asp_train "$entry" "$@"
+  else
+    asp_start_ray "$npus"
+    log "joined $MASTER_ADDR:$RAY_PORT; waiting (Ctrl-C or the head's shutdown ends this node)"
+    wait "$RAY_PID"
+  fi
+}
