@@ -47,14 +47,14 @@ def sample_groups(model: Any, prompts: Sequence[Tuple[str, Sequence[int], int]],
         attn[r, width - len(toks):] = 1
     max_new = max(r[2] for r in rows)
     cfg = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new,
-                           eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None)
+                           eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None,
+                           output_logits=True, return_dict_in_generate=True)
     if seed is not None:
         torch.manual_seed(seed)
     was_training = model.training
     model.eval()
     t0 = time.time()
-    out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=cfg,
-                         output_logits=True, return_dict_in_generate=True)
+    out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=cfg)
     t1 = time.time()
     model.train(was_training)
     gen = out.sequences[:, width:].cpu()
