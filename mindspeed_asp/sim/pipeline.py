@@ -90,6 +90,8 @@ class _Trainer:
         self.finished = 0
         self.inflight = [0]  # dispatched, unfinished groups per dispatch version
         self.untrained = [0]  # dispatched, not yet taken by an update, per dispatch version
+        self.ready_by_v = [0]  # finished, not yet taken, per dispatch version
+        self.lo = 0  # lowest dispatch version that may still have untrained groups
         self.k_started = 0  # updates started so far
         self.ready: List[tuple] = []  # heap (dispatch version, finish time, g)
         self.events: List[tuple] = []
@@ -116,24 +118,32 @@ class _Trainer:
         self.inflight[v] -= 1
         self.finished += 1
         heapq.heappush(self.ready, (v, t, g))
+        self.ready_by_v[v] += 1
         self.try_start(t)
 
-    def _schedulable(self, take: List[tuple]) -> bool:
-        """Can every remaining group still meet its deadline (dispatch version + max_lag) if `take` trains now?
+    def _first_untrained(self) -> int:
+        # never past the current version: new dispatches happen at the current version
+        while self.lo < self.version and self.untrained[self.lo] == 0:
+            self.lo += 1
+        return self.lo
+
+    def _schedulable(self) -> bool:
+        """Can every remaining group still meet its deadline (dispatch version + max_lag) if the M oldest ready
+        groups train now?
 
         EDF feasibility with M groups per update: for each later update k', the untrained groups due by k'
-        must fit into updates k+1..k'. Failing means an older group is still generating: wait for it.
+        must fit into updates k+1..k'. Failing means an older group is still generating: wait for it. Only
+        the dispatch versions present are visited (the due count changes only there).
         """
         k, eta, M = self.k, self.max_lag, self.M
-        taken: Dict[int, int] = {}
-        for v, _, _ in take:
-            taken[v] = taken.get(v, 0) + 1
+        lo = self._first_untrained()
+        need = min(M, len(self.ready))
         due = 0
-        for kp in range(k, k + eta + 1):
-            v = kp - eta
-            if 0 <= v < len(self.untrained):
-                due += self.untrained[v] - taken.get(v, 0)
-            if due > (kp - k) * M:
+        for v in range(lo, self.version + 1):
+            take = min(self.ready_by_v[v], need)
+            need -= take
+            due += self.untrained[v] - take
+            if due > (v + eta - k) * M:
                 return False
         return True
 
@@ -143,12 +153,12 @@ class _Trainer:
         all_done = self.finished == self.G
         if len(self.ready) < self.M and not all_done:
             return
-        if self.stale_policy == "wait":
-            if not self._schedulable(heapq.nsmallest(min(self.M, len(self.ready)), self.ready)):
-                return
+        if self.stale_policy == "wait" and not self._schedulable():
+            return
         take = [heapq.heappop(self.ready) for _ in range(min(self.M, len(self.ready)))]
         for v, _, _ in take:
             self.untrained[v] -= 1
+            self.ready_by_v[v] -= 1
         self.k_started += 1
         groups = np.array([g for _, _, g in take], dtype=np.int64)
         n = self.cl.nsamp
@@ -195,6 +205,7 @@ class _Trainer:
         self.k += 1
         self.inflight.append(0)
         self.untrained.append(0)
+        self.ready_by_v.append(0)
         self.cl.version = self.version
         self.busy = False
         self.cl.notify(t)

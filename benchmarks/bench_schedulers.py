@@ -1,0 +1,205 @@
+"""Issue-2 benchmark: planners side by side in the event-driven simulator (rollout, end to end, bubbles, scaling).
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/bench_schedulers.py --out benchmarks/results/schedulers
+
+It prints tables, writes `results.json` and `results.md` (the markdown section recorded in docs/simulator.md)
+into --out. Every number in one table comes from the same workloads, estimates, trainer and seeds.
+
+Sections:
+1. rollout makespan vs its lower bound R_LB, rollout only (mode stock: no trainer, no lag gate), with oracle and
+   with history-estimated lengths;
+2. end-to-end iteration time for rho in {0.3, 1.0, 1.5} (trainer work = rho * R_LB), streaming pipeline with
+   the max-lag bound, against every non-oracle baseline and the stock synchronous pipeline;
+3. sorting bubble of ASP vs sorted-ascending dispatch;
+4. the cost of a tight lag bound (max_lag sweep);
+5. scaling: iteration time for 1..32 instances, ASP (stream) vs stock vs one big instance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+
+from mindspeed_asp.sim import sweep
+from mindspeed_asp.sim.trainer import trainer_for_rho
+
+BASELINES = ["stock", "random", "round_robin", "sorted_asc", "sorted_desc", "least_loaded", "verl_kk", "lpt"]
+ROLLOUT_PLANNERS = ["asp", "oracle_asp", "lpt", "oracle_lpt", "verl_kk", "oracle_verl_kk", "round_robin", "stock"]
+RHOS = (0.3, 1.0, 1.5)
+
+
+def shared_data() -> Path:
+    env = os.environ.get("ASP_SHARED_DATA")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def workloads(quick: bool) -> Dict[str, Dict[str, object]]:
+    """name -> spec and minibatch (alpaca groups are single samples, so its minibatch counts 256 of them)."""
+    out = {"synthetic": {"spec": f"synthetic:prompts={256 if quick else 512},n=8", "minibatch": 32}}
+    data = shared_data()
+    if (data / "alpaca-train-10k-length.json").is_file():
+        out["alpaca"] = {"spec": f"alpaca:{data / 'alpaca-train-10k-length.json'}", "minibatch": 256}
+    if (data / "splitwise_conv.csv").is_file():
+        out["splitwise"] = {"spec": f"splitwise:{data / 'splitwise_conv.csv'}", "minibatch": 32}
+    return out
+
+
+def run_set(spec: str, planners: List[str], cfg: sweep.SweepConfig, seeds: List[int], mode: str,
+            progress: bool) -> Dict[str, Dict[str, float]]:
+    labels = [(p if "@" in p else f"{p}@{mode}") for p in planners]
+    res = sweep.compare(spec, sweep.parse_planners(",".join(labels), mode), cfg, seeds, progress=progress)
+    return {label.split("@")[0] if label.endswith("@" + mode) else label: sweep.mean_metrics(rs)
+            for label, rs in res.items()}
+
+
+def md_table(header: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/schedulers")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--max-lag", type=int, default=None,
+                    help="lag bound of the streaming runs (default: K-1, the worst-case lag of the stock "
+                         "pipeline's own last minibatch)")
+    ap.add_argument("--quick", action="store_true", help="smaller synthetic workload, one seed")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = not args.quiet
+    wls = workloads(args.quick)
+    t_start = time.time()
+    report: Dict[str, object] = {"seeds": seeds, "workloads": {k: v["spec"] for k, v in wls.items()}}
+    md: List[str] = []
+    checks: List[str] = []
+
+    # ---------------------------------------------------------------- 1. rollout makespan vs R_LB
+    md.append("### 1. Rollout makespan vs lower bound (rollout only, 8 instances x 64 slots)\n")
+    rows, rep1 = [], {}
+    for name, w in wls.items():
+        cfg = sweep.SweepConfig(instances=8, slots=64, minibatch=int(w["minibatch"]), rho=1.0)
+        r = run_set(str(w["spec"]), ROLLOUT_PLANNERS, cfg, seeds, "stock", progress)
+        rep1[name] = r
+        for p in ROLLOUT_PLANNERS:
+            rows.append([name, p, f"{r[p]['time/rollout']:.1f}", f"{r[p]['bound:rollout/R_LB']:.1f}",
+                         f"{r[p]['above:time/rollout']:.1f}%", f"{100 * r[p]['bubble/skewness']:.1f}%",
+                         f"{100 * r[p]['bubble/padding']:.1f}%"])
+        o, h = r["oracle_asp"]["above:time/rollout"], r["asp"]["above:time/rollout"]
+        checks.append(f"{name}: oracle ASP rollout {o:.1f}% above R_LB (target <= 5%): {'MET' if o <= 5 else 'MISSED'}")
+        checks.append(f"{name}: history ASP rollout {h:.1f}% above R_LB (target <= 15%): "
+                      f"{'MET' if h <= 15 else 'MISSED'}")
+    md.append(md_table(["workload", "planner", "R (s)", "R_LB (s)", "% above R_LB", "skewness", "padding"], rows))
+    report["rollout"] = rep1
+
+    # ---------------------------------------------------------------- 2-4. end to end
+    md.append("\n### 2. End-to-end iteration time, streaming with bounded lag (8 x 64, history estimates)\n")
+    rows, rep2 = [], {}
+    for name, w in wls.items():
+        M = int(w["minibatch"])
+        for rho in RHOS:
+            # K-1: the stock pipeline's own last minibatch is K-1 updates stale
+            wb_groups = None
+            cfg0 = sweep.SweepConfig(instances=8, slots=64, minibatch=M, rho=rho)
+            if args.max_lag is None:
+                from mindspeed_asp.workloads.spec import workload_from_spec
+
+                wb_groups = len(workload_from_spec(sweep.seeded_spec(str(w["spec"]), seeds[0])).prompts)
+                lag = max(1, -(-wb_groups // M) - 1)
+            else:
+                lag = args.max_lag
+            cfg = sweep.with_mode(cfg0, max_lag=lag)
+            r = run_set(str(w["spec"]), ["asp", "oracle_asp"] + BASELINES + ["stock@stock"], cfg, seeds,
+                        "stream", progress)
+            rep2[f"{name}/rho={rho}"] = {"max_lag": lag, "results": r}
+            best_name = min(BASELINES, key=lambda p: r[p]["time/iteration"])
+            best = r[best_name]["time/iteration"]
+            a = r["asp"]["time/iteration"]
+            st = r["stock@stock"]["time/iteration"]
+            rows.append([name, f"{rho}", str(lag), f"{a:.1f}", f"{r['oracle_asp']['time/iteration']:.1f}",
+                         f"{best:.1f} ({best_name})", f"{st:.1f}", f"{100 * (a / best - 1):+.1f}%",
+                         f"{100 * (a / st - 1):+.1f}%", f"{r['asp']['above:time/iteration']:.1f}%",
+                         f"{100 * r['asp']['bubble/sorting']:.1f}% / {100 * r['sorted_asc']['bubble/sorting']:.1f}%"])
+            checks.append(f"{name} rho={rho}: ASP {a:.1f}s vs best baseline {best_name} {best:.1f}s "
+                          f"({100 * (a / best - 1):+.1f}%, target <= +2%): {'MET' if a <= 1.02 * best else 'MISSED'}")
+            if name == "synthetic":
+                checks.append(f"{name} rho={rho}: ASP vs stock pipeline {100 * (a / st - 1):+.1f}% (target <= -15%): "
+                              f"{'MET' if a <= 0.85 * st else 'MISSED'}")
+            sa, ss = r["asp"]["bubble/sorting"], r["sorted_asc"]["bubble/sorting"]
+            checks.append(f"{name} rho={rho}: sorting bubble ASP {100 * sa:.2f}% vs sorted_asc {100 * ss:.2f}% "
+                          f"(target <= 1/3): {'MET' if sa <= ss / 3 + 1e-12 else 'MISSED'}")
+    md.append(md_table(["workload", "rho", "max_lag", "ASP (s)", "oracle ASP (s)", "best baseline (s)",
+                        "stock pipeline (s)", "ASP vs best", "ASP vs stock", "ASP % above e2e LB",
+                        "sorting bubble ASP / sorted_asc"], rows))
+    report["e2e"] = rep2
+
+    md.append("\n### 3. Cost of a tight lag bound (synthetic, rho = 1.0, stream)\n")
+    rows, rep3 = [], {}
+    w = wls["synthetic"]
+    for lag in (0, 1, 2, 4, 8, 15):
+        cfg = sweep.SweepConfig(instances=8, slots=64, minibatch=int(w["minibatch"]), rho=1.0, max_lag=lag)
+        r = run_set(str(w["spec"]), ["asp", "verl_kk", "lpt", "sorted_asc", "stock"], cfg, seeds, "stream", progress)
+        rep3[lag] = r
+        rows.append([str(lag)] + [f"{r[p]['time/iteration']:.1f}" for p in ("asp", "verl_kk", "lpt", "sorted_asc", "stock")]
+                    + [f"{r['asp']['lag/mean']:.2f}", f"{r['asp']['lag/max']:.0f}"])
+    md.append(md_table(["max_lag", "ASP", "verl_kk", "lpt", "sorted_asc", "stock order", "ASP lag mean",
+                        "ASP lag max"], rows))
+    report["lag_sweep"] = rep3
+
+    # ---------------------------------------------------------------- 5. scaling
+    md.append("\n### 4. Scaling: iteration time vs instances (synthetic; trainer fixed at rho = 0.3 of R_LB "
+              "at 8 instances; single = one instance with all devices, speed-up amdahl:0.1)\n")
+    from mindspeed_asp.sim.metrics import lower_bounds
+    from mindspeed_asp.scheduler.types import InstanceSpec
+    from mindspeed_asp.workloads.spec import workload_from_spec
+
+    scaling = sweep.parse_scaling("amdahl:0.1")
+    rows, rep4 = [], {}
+    for m in (1, 2, 4, 8, 16, 32):
+        vals = {"asp": [], "stock@stock": [], "stock@single": []}
+        for seed in seeds:
+            cfg = sweep.SweepConfig(instances=m, slots=64, minibatch=int(w["minibatch"]), rho=0.3,
+                                    max_lag=15, single_scaling=scaling)
+            wb = sweep.prepare(str(w["spec"]), cfg, seed)
+            wl = wb.workload
+            ref = lower_bounds(wl.truth, wl.prompts.prompt_lens, 8, InstanceSpec(64), cfg.cost)["rollout/R_LB"]
+            wb.r_lb = ref  # the same trainer for every m
+            for label in vals:
+                name, _, mode = label.partition("@")
+                res, _ = sweep.run_planner(wb, name, mode or "stream", cfg)
+                vals[label].append(res.metrics["time/iteration"])
+        rep4[m] = {k: float(np.mean(v)) for k, v in vals.items()}
+        rows.append([str(m)] + [f"{rep4[m][k]:.1f}" for k in vals]
+                    + [f"{rep4[m]['stock@single'] / rep4[m]['asp']:.2f}x"])
+    md.append(md_table(["instances", "ASP stream (s)", "stock (s)", "single big instance (s)",
+                        "single / ASP"], rows))
+    report["scaling"] = rep4
+
+    report["checks"] = checks
+    report["seconds"] = time.time() - t_start
+    md.append("\n### Targets\n")
+    md.extend(f"- {c}" for c in checks)
+    text = "\n".join(md) + "\n"
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    print(text)
+    print(f"wrote {out / 'results.md'} and {out / 'results.json'} in {report['seconds']:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
