@@ -1,0 +1,167 @@
+"""The simulated pipeline: lag bound, modes, lower bounds never beaten, oracle vs estimated twin."""
+import numpy as np
+import pytest
+
+from mindspeed_asp.scheduler.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+                                           PromptSet)
+from mindspeed_asp.sim.pipeline import simulate_pipeline
+from mindspeed_asp.sim.trainer import TrainerModel, alpha_for_rho, group_tokens, trainer_for_rho
+from mindspeed_asp.sim.metrics import lower_bounds
+
+
+def make_case(G=96, n=4, m=3, seed=0, median=200.0, slots=16, estimate_noise=None):
+    rng = np.random.default_rng(seed)
+    L = np.clip(np.exp(rng.normal(np.log(median), 0.9, (G, 1)) + rng.normal(0, 0.5, (G, n))), 1, 4000).astype(int)
+    P = rng.integers(10, 100, G)
+    est_len = L.astype(float)
+    if estimate_noise is not None:
+        est_len = est_len * np.exp(rng.normal(0, estimate_noise, (G, 1)))
+    prompts = PromptSet(prompt_ids=np.array([str(i) for i in range(G)], dtype=object), prompt_lens=P, n=n)
+    est = LengthEstimate(median=np.median(est_len, 1), group_max=est_len.max(1), sigma=np.full(G, 0.5),
+                         p_trunc=np.zeros(G), has_history=np.ones(G, bool),
+                         estimator="oracle" if estimate_noise is None else "noisy",
+                         samples=est_len if estimate_noise is None else None)
+    prob = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=slots), minibatch=8,
+                           cost=CostModel(), max_new_tokens=4000)
+    return prob, L
+
+
+def trainer(prob, L, rho=1.0, M=8):
+    ref = lower_bounds(L, prob.prompts.prompt_lens, prob.instances, prob.spec, prob.cost)["rollout/R_LB"]
+    return trainer_for_rho(rho, L, prob.prompts.prompt_lens, ref, M)
+
+
+def random_assignment(G, m, rng, name="random"):
+    perm = rng.permutation(G)
+    return Assignment(orders=[perm[j::m] for j in range(m)], minibatch=np.full(G, -1), planner=name)
+
+
+@pytest.mark.parametrize("max_lag", [0, 1, 2, 3])
+def test_lag_never_exceeds_bound_and_every_sample_is_trained(max_lag):
+    rng = np.random.default_rng(max_lag)
+    prob, L = make_case(seed=max_lag)
+    for rho in (0.3, 1.5):
+        tr = trainer(prob, L, rho)
+        for _ in range(3):
+            res = simulate_pipeline(prob, random_assignment(96, 3, rng), L, mode="stream", max_lag=max_lag,
+                                    trainer=tr, sync_time=0.05)
+            assert len(res.lags) == L.size  # every sample trained exactly once
+            assert res.lags.max() <= max_lag
+            assert res.metrics["lag/max"] <= max_lag and res.metrics["lag/frac_over_bound"] == 0.0
+            assert res.mb_groups.sum() == 96 and np.all(res.mb_groups[:-1] == 8)
+            # the trainer never starts before its minibatch is ready, and updates do not overlap
+            assert np.all(res.mb_start >= res.mb_ready - 1e-12)
+            assert np.all(res.mb_start[1:] >= res.mb_sync_end[:-1] - 1e-12)
+
+
+def test_max_lag_zero_is_synchronous_per_minibatch():
+    prob, L = make_case(seed=5)
+    res = simulate_pipeline(prob, random_assignment(96, 3, np.random.default_rng(0)), L, mode="stream",
+                            max_lag=0, trainer=trainer(prob, L))
+    assert np.all(res.lags == 0)
+    # no group is dispatched while an update of an older version is pending: versions are 0..K-1, M each
+    assert np.all(np.bincount(res.trace.group_version) == 8)
+
+
+def test_drop_policy_never_trains_stale_samples_and_counts_them():
+    prob, L = make_case(seed=6)
+    res = simulate_pipeline(prob, random_assignment(96, 3, np.random.default_rng(1)), L, mode="stream",
+                            max_lag=1, trainer=trainer(prob, L, 1.5), stale_policy="drop")
+    assert res.lags.max() <= 1
+    assert res.metrics["lag/stale_dropped"] == L.size - len(res.lags)
+
+
+def test_unbounded_lag_stream_matches_stock_rollout_and_beats_its_iteration():
+    prob, L = make_case(seed=7)
+    a = random_assignment(96, 3, np.random.default_rng(2))
+    tr = trainer(prob, L, 1.0)
+    stream = simulate_pipeline(prob, a, L, mode="stream", max_lag=1000, trainer=tr)
+    stock = simulate_pipeline(prob, a, L, mode="stock", max_lag=1000, trainer=tr)
+    assert stream.metrics["time/rollout"] == pytest.approx(stock.metrics["time/rollout"], rel=1e-12)
+    assert stream.metrics["time/iteration"] < stock.metrics["time/iteration"]
+    assert stock.metrics["time/iteration"] == pytest.approx(
+        stock.metrics["time/rollout"] + stock.metrics["time/train"], rel=1e-12)
+    # stock trains minibatch k with version-0 samples: lag k
+    assert stock.metrics["lag/max"] == tr.num_minibatches(96) - 1
+
+
+def test_no_plan_beats_its_lower_bounds():
+    rng = np.random.default_rng(11)
+    prob, L = make_case(seed=11)
+    for mode in ("stream", "stock"):
+        for rho in (0.3, 1.0, 2.0):
+            tr = trainer(prob, L, rho)
+            for _ in range(4):
+                res = simulate_pipeline(prob, random_assignment(96, 3, rng), L, mode=mode, max_lag=2, trainer=tr,
+                                        sync_time=0.1)
+                b = res.bounds
+                assert res.metrics["rollout/makespan_busy"] >= b["rollout/R_LB"] * (1 - 1e-12)
+                assert res.metrics["time/rollout"] >= b["rollout/R_LB"] * (1 - 1e-12)
+                assert res.metrics["rollout/steps"] >= b["steps/LB"]
+                key = "e2e/stream_LB" if mode == "stream" else "e2e/barrier_LB"
+                assert res.metrics["time/iteration"] >= b[key] * (1 - 1e-12)
+                assert res.metrics["time/first_minibatch"] >= b["e2e/first_minibatch_LB"] * (1 - 1e-12)
+                assert all(v >= -1e-9 for v in res.above.values())
+
+
+def test_sync_pauses_rollout_but_not_busy_time():
+    prob, L = make_case(seed=12)
+    a = random_assignment(96, 3, np.random.default_rng(3))
+    tr = trainer(prob, L, 1.0)
+    r0 = simulate_pipeline(prob, a, L, mode="stream", max_lag=1000, trainer=tr, sync_time=0.0)
+    r1 = simulate_pipeline(prob, a, L, mode="stream", max_lag=1000, trainer=tr, sync_time=0.5)
+    assert np.allclose(r0.trace.busy, r1.trace.busy)
+    assert r1.metrics["time/rollout"] > r0.metrics["time/rollout"]
+    assert r1.metrics["time/weight_sync"] == pytest.approx(0.5 * tr.num_minibatches(96))
+
+
+def test_single_mode_needs_a_scaling_curve_and_uses_it():
+    prob, L = make_case(seed=13)
+    a = random_assignment(96, 3, np.random.default_rng(4))
+    tr = trainer(prob, L, 0.5)
+    with pytest.raises(ValueError, match="single_scaling"):
+        simulate_pipeline(prob, a, L, mode="single", trainer=tr)
+    slow = simulate_pipeline(prob, a, L, mode="single", trainer=tr, single_scaling=lambda m: 1.0)
+    fast = simulate_pipeline(prob, a, L, mode="single", trainer=tr, single_scaling=lambda m: float(m))
+    assert len(slow.trace.busy) == 1
+    assert fast.metrics["time/rollout"] == pytest.approx(slow.metrics["time/rollout"] / 3, rel=1e-9)
+
+
+def test_oracle_never_loses_to_its_estimated_twin_on_average():
+    from mindspeed_asp.scheduler.planners import get_planner
+
+    for name in ("lpt", "asp"):
+        oracle, est = [], []
+        for seed in range(4):
+            prob_o, L = make_case(seed=20 + seed)
+            prob_e, _ = make_case(seed=20 + seed, estimate_noise=0.8)
+            tr = trainer(prob_o, L, 0.3)
+            for prob, acc, pname in ((prob_o, oracle, f"oracle_{name}"), (prob_e, est, name)):
+                a = get_planner(pname)(prob, np.random.default_rng(seed))
+                acc.append(simulate_pipeline(prob, a, L, mode="stock", trainer=tr).metrics["time/rollout"])
+        assert np.mean(oracle) <= np.mean(est), name
+
+
+def test_alpha_for_rho_sets_total_train_time():
+    prob, L = make_case(seed=14)
+    tok = group_tokens(L, prob.prompts.prompt_lens).sum()
+    alpha = alpha_for_rho(1.5, tok, 100.0, 12, overhead=0.5)
+    assert alpha * tok + 12 * 0.5 == pytest.approx(150.0)
+    with pytest.raises(ValueError):
+        alpha_for_rho(0.1, tok, 10.0, 12, overhead=1.0)
+    tr = TrainerModel(alpha=alpha, overhead=0.5, minibatch=8)
+    res = simulate_pipeline(prob, random_assignment(96, 3, np.random.default_rng(5)), L, mode="stock", trainer=tr)
+    assert res.metrics["time/train"] == pytest.approx(150.0)
+
+
+def test_bad_arguments():
+    prob, L = make_case(seed=15)
+    a = random_assignment(96, 3, np.random.default_rng(6))
+    tr = trainer(prob, L)
+    with pytest.raises(ValueError, match="mode"):
+        simulate_pipeline(prob, a, L, mode="async", trainer=tr)
+    with pytest.raises(ValueError, match="shape"):
+        simulate_pipeline(prob, a, L[:, :2], trainer=tr)
+    with pytest.raises(ValueError, match="instance queues"):
+        simulate_pipeline(prob, Assignment(orders=[np.arange(96)], minibatch=np.full(96, -1), planner="x"), L,
+                          trainer=tr)
