@@ -337,11 +337,13 @@ class LengthHistory:
         for col in ("prompt_id", "epoch", "lengths"):
             if col not in table.column_names:
                 raise InputError("missing column", path=str(path), key=col)
-        pid = np.array(table.column("prompt_id").to_pylist(), dtype=object)
-        if any(p is None for p in pid):
-            row = int(np.flatnonzero([p is None for p in pid])[0])
+        pid_col = table.column("prompt_id").combine_chunks()
+        if pid_col.null_count:
+            row = int(np.flatnonzero(np.asarray(pid_col.is_null()))[0])
             raise InputError(f"row {row + 1}: prompt_id is null", path=str(path), key="prompt_id")
-        pid = np.array([str(p) for p in pid], dtype=object)
+        if not pa.types.is_string(pid_col.type) and not pa.types.is_large_string(pid_col.type):
+            pid_col = pid_col.cast(pa.string())
+        pid = np.asarray(pid_col.to_numpy(zero_copy_only=False), dtype=object)
         epoch_col = table.column("epoch").combine_chunks()
         if epoch_col.null_count:
             row = int(np.flatnonzero(np.asarray(epoch_col.is_null()))[0])
