@@ -169,3 +169,19 @@ def test_make_estimator_kinds():
                       OracleEstimator)
     with pytest.raises(ConfigError, match="oracle"):
         make_estimator(EstimatorSection(kind="oracle"))
+
+
+def test_new_prompts_use_the_histories_global_lengths_not_the_prior():
+    """A window of prompts never seen before is predicted from what the other prompts showed."""
+    wl = SyntheticRLWorkload.small(400, n=8, epochs=2, seed=9)
+    old = np.arange(400) < 200
+    hist = LengthHistory()
+    hist.add_epoch(wl.prompts.prompt_ids[old], 0, wl.lengths(0)[old])
+    new = wl.prompts.subset(np.flatnonzero(~old))
+    for est in (HistoryEstimator().estimate(new, hist, wl.max_new_tokens),
+                ColdStartEstimator().estimate(new, hist, wl.max_new_tokens)):
+        assert not est.has_history.any()
+        observed = np.median(wl.lengths(0)[old])
+        assert 0.6 * observed < est.median[0] < 1.6 * observed  # prior would be 0.25 * 384 = 96
+        cov = evaluate(est, wl.lengths(1)[~old])["group_max_coverage"]
+        assert 0.6 < cov < 0.97

@@ -270,17 +270,32 @@ def _fit_spread(stats: _PromptStats, backtest: Optional[_PromptStats], shrinkage
 
 def _analyse(prompts: PromptSet, history: Optional[LengthHistory], decay: float, max_epochs: int, drift: bool,
              shrinkage: float, min_sigma: float, prior_within: float, max_new_tokens: int):
-    """Drift model, per-prompt stats and spread for a history, or None when there is no history at all."""
+    """Drift model, per-prompt stats, spread and cold-start reference for a history (None without history).
+
+    The cold-start reference is the centers of the asked prompts that have history; when none has any
+    (a window of new prompts), it is the centers of every prompt in the history instead, so the dataset's
+    observed lengths still beat the prior.
+    """
     if history is None or len(history) == 0:
         return None
     epochs = np.asarray(history.epochs(), dtype=np.int64)
     model = DriftModel.fit(history, decay, max_epochs) if drift else DriftModel.none(epochs)
     stats = _prompt_stats(prompts.prompt_ids, history, model, decay, max_epochs, max_new_tokens)
+    ref_ids, ref_stats, fallback = prompts.prompt_ids, stats, None
+    if not stats.has.any():
+        ref_ids = history.prompt_ids()
+        ref_stats = _prompt_stats(ref_ids, history, model, decay, max_epochs, max_new_tokens)
+        fallback = ref_stats.center[ref_stats.has]
     backtest = None
     if len(epochs) >= 2:
-        backtest = _prompt_stats(prompts.prompt_ids, history, model, decay, max_epochs, max_new_tokens,
+        backtest = _prompt_stats(ref_ids, history, model, decay, max_epochs, max_new_tokens,
                                  before_epoch=int(epochs[-1]))
-    return model, stats, _fit_spread(stats, backtest, shrinkage, min_sigma, prior_within)
+    spread = _fit_spread(ref_stats, backtest, shrinkage, min_sigma, prior_within)
+    if fallback is not None:  # per-prompt arrays must describe the asked prompts (none has history)
+        G = len(prompts)
+        spread = _Spread(np.full(G, spread.pooled_within), np.zeros(G), spread.pooled_within, spread.drift_sd,
+                         spread.mode)
+    return model, stats, spread, fallback
 
 
 class ColdStartEstimator:
@@ -310,9 +325,18 @@ class ColdStartEstimator:
         self.sigma_shrinkage = sigma_shrinkage
 
     def fit_predict(self, prompts: PromptSet, ref_index: np.ndarray, ref_center: np.ndarray,
-                    within_sigma: float, max_new_tokens: int) -> Dict[str, np.ndarray]:
-        """Predict log center, within sigma and center uncertainty for every prompt from reference prompts."""
+                    within_sigma: float, max_new_tokens: int,
+                    fallback_center: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+        """Predict log center, within sigma and center uncertainty for every prompt from reference prompts.
+
+        `ref_index` rows of `prompts` have history with log centers `ref_center`; without any, the centers
+        of other prompts (`fallback_center`) give a global median, and without those the prior is used.
+        """
         G = len(prompts)
+        if len(ref_index) == 0 and fallback_center is not None and len(fallback_center):
+            between = float(np.var(fallback_center)) if len(fallback_center) > 1 else self.prior_sigma ** 2
+            return {"center": np.full(G, float(np.median(fallback_center))), "within": np.full(G, within_sigma),
+                    "center_sd": np.full(G, np.sqrt(between)), "slope": 0.0}
         if len(ref_index) == 0:
             center = np.full(G, np.log(max(self.prior_median_frac * max_new_tokens, 1.0)))
             return {"center": center, "within": np.full(G, self.prior_within),
@@ -348,9 +372,10 @@ class ColdStartEstimator:
                                     max_new_tokens)
             drift_factor = 1.0
         else:
-            model, stats, spread = found
+            model, stats, spread, fallback = found
             ref = np.flatnonzero(stats.has)
-            pred = self.fit_predict(prompts, ref, stats.center[ref], spread.pooled_within, max_new_tokens)
+            pred = self.fit_predict(prompts, ref, stats.center[ref], spread.pooled_within, max_new_tokens,
+                                    fallback)
             drift_factor = model.factor
         return _finish(prompts, pred["center"], pred["within"], pred["center_sd"],
                        np.zeros(len(prompts), dtype=bool), self.q, max_new_tokens, self.name,
@@ -422,10 +447,11 @@ class HistoryEstimator:
             params.update({"drift_factor": 1.0, "cold_start_frac": 1.0})
             return _finish(prompts, pred["center"], pred["within"], pred["center_sd"],
                            np.zeros(len(prompts), dtype=bool), self.q, max_new_tokens, self.name, params)
-        model, stats, spread = found
+        model, stats, spread, fallback = found
         has = stats.has
         ref = np.flatnonzero(has)
-        cold = self.cold_start.fit_predict(prompts, ref, stats.center[ref], spread.pooled_within, max_new_tokens)
+        cold = self.cold_start.fit_predict(prompts, ref, stats.center[ref], spread.pooled_within, max_new_tokens,
+                                           fallback)
         center = np.where(has, stats.center, cold["center"])
         within = np.where(has, spread.within, cold["within"])
         center_sd = np.where(has, spread.center_sd, cold["center_sd"])
