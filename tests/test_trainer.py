@@ -182,6 +182,9 @@ def test_bad_input_is_refused_with_a_clear_message(model_path):
         tr.train_step([g], [[1.0, 0.0, 1.0]])
     with pytest.raises(ValueError, match="1 groups but 2 reward lists"):
         tr.train_step([g], [[1.0, 0.0], [0.0, 1.0]])
+    g.samples[0].logprobs = g.samples[0].logprobs[:-1] + [float("nan")]
+    with pytest.raises(ValueError, match="non-finite behaviour"):
+        tr.train_step([g], [[1.0, 0.0]])
     g.samples[0].logprobs = g.samples[0].logprobs[:-1]
     with pytest.raises(ValueError, match="log-probs"):
         tr.train_step([g], [[1.0, 0.0]])
@@ -202,3 +205,26 @@ def test_save_pretrained_is_servable_hf_directory(model_path, tmp_path):
     assert json.loads((Path(out) / "config.json").read_text())["model_type"] == "qwen2"
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     assert torch.allclose(logits_of(reloaded, PROMPT), logits_of(tr.model, PROMPT), atol=1e-6)
+
+
+def _accelerator():
+    from mindspeed_asp.runtime.platform import current_platform
+
+    return current_platform()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _accelerator().is_accelerator, reason="needs a GPU/NPU (platform resolves to cpu)")
+def test_train_step_on_the_platform_device_matches_cpu(model_path):
+    dev = GRPOTrainer(model_path, lr=1e-2, seed=0)  # device from the platform object
+    assert dev.device.type == _accelerator().device_type
+    cpu = GRPOTrainer(model_path, lr=1e-2, seed=0, device="cpu")
+    responses = [GOOD, BAD, [9] * 7]
+    s_dev = dev.train_step([make_group(dev, responses)], [[1.0, 0.0, 0.5]])
+    s_cpu = cpu.train_step([make_group(cpu, responses)], [[1.0, 0.0, 0.5]])
+    assert s_dev["grad_norm"] == pytest.approx(s_cpu["grad_norm"], rel=1e-3)
+    names = dict(dev.named_weights())
+    assert all(t.device.type == dev.device.type for t in names.values())
+    assert sorted(names) == sorted(n for n, _ in cpu.named_weights())
+    assert float(dev.sequence_logprobs(PROMPT, GOOD).sum()) == pytest.approx(
+        float(cpu.sequence_logprobs(PROMPT, GOOD).sum()), abs=1e-2)

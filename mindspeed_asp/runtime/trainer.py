@@ -12,6 +12,7 @@ On Ascend the trainer is MindSpeed-RL's Megatron actor; this one is the stand-in
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,9 @@ class GRPOTrainer:
                     if len(behaviour) != len(resp):
                         raise ValueError(f"group {grp.group_id!r} sample {i}: {len(resp)} tokens but "
                                          f"{len(behaviour)} log-probs")
+                    if not all(math.isfinite(x) for x in behaviour):
+                        raise ValueError(f"group {grp.group_id!r} sample {i} has a non-finite behaviour "
+                                         "log-prob (the engine did not report the sampled token's log-prob)")
                 seqs.append(_Seq(prompt + resp, len(prompt), behaviour, float(adv[i])))
         return seqs, flat
 
