@@ -16,12 +16,13 @@ def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.commands.compare import compare_runs
     from mindspeed_asp.commands.train import build_config
     from mindspeed_asp.runtime import ray_utils
-    from mindspeed_asp.runtime.driver import run_training
+    from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
 
     out = Path(args.out)
     modes = args.modes.split(",")
     cfgs = [build_config(args.config, args.overrides, mode, str(out / mode)) for mode in modes]
-    ray_utils.start_local_ray(num_cpus=cfgs[0].run.ray_num_cpus, object_store_mb=cfgs[0].run.ray_object_store_mb)
+    ray_utils.start_local_ray(num_cpus=cfgs[0].run.ray_num_cpus, object_store_mb=cfgs[0].run.ray_object_store_mb,
+                              env=QUIET_ENV)
     try:
         for mode, cfg in zip(modes, cfgs):
             print(f"== {mode}: {cfg.asp.instances} instances, {cfg.run.steps} updates of "

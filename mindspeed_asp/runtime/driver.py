@@ -33,6 +33,8 @@ from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder
 from mindspeed_asp.runtime.run_config import RunConfig, dump_config
 
 POLL_S = 0.05
+#: vLLM's per-request INFO lines would bury the progress bar; warnings and errors still show.
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING"}
 
 
 class RunError(AspError):
@@ -86,6 +88,8 @@ class Driver:
         self.infos: Dict[int, _GroupInfo] = {}
         self.results_by_gid: Dict[int, Any] = {}
         self.trained_gids: List[int] = []
+        self.instance_pids: List[int] = []
+        self.peak_rss = 0.0
 
     # ================================================================== setup
     def _setup(self) -> None:
@@ -128,7 +132,7 @@ class Driver:
                                          rollout_log=self.out / "rollout_log.jsonl", seed=cfg.run.seed)
         if self.manage_ray and not ray.is_initialized():
             ray_utils.start_local_ray(num_cpus=cfg.run.ray_num_cpus, object_store_mb=cfg.run.ray_object_store_mb,
-                                      platform=self.platform)
+                                      platform=self.platform, env=QUIET_ENV)
         self._start_instances()
         from mindspeed_asp.runtime.trainer import GRPOTrainer
 
@@ -140,6 +144,44 @@ class Driver:
                                    seed=cfg.run.seed, max_grad_norm=cfg.trainer.max_grad_norm,
                                    dtype=cfg.model.dtype)
         self._open_sync_group()
+        self._warmup()
+
+    def _warmup(self) -> None:
+        """One short request per instance before the clock starts, so the first iteration does not carry the
+        engines' first-step costs (equal for every mode, but it would blur the comparison)."""
+        import ray
+
+        from mindspeed_asp.runtime.types import GroupRequest
+
+        pid, ids, _ = self.prompt_list[0]
+        for j, a in enumerate(self.instances):
+            ray.get(a.submit.remote([GroupRequest(group_id=f"warmup:{j}", prompt_id=pid, prompt_token_ids=list(ids),
+                                                  n=2, max_new_tokens=8, seed=0)]), timeout=60)
+        deadline = time.time() + self.cfg.run.start_timeout_s
+        pending = set(range(len(self.instances)))
+        while pending:
+            for j in list(pending):
+                if ray.get(self.instances[j].drain_finished.remote(), timeout=60):
+                    pending.discard(j)
+            if time.time() > deadline:
+                raise RunError(f"instances {sorted(pending)} did not finish a warm-up request")
+            time.sleep(POLL_S)
+
+    def _sample_memory(self) -> None:
+        """Peak resident memory of the driver (trainer) plus every instance process, sampled per step."""
+        try:
+            import psutil
+        except ImportError:
+            return
+        total = 0
+        for pid in [os.getpid()] + self.instance_pids:
+            try:
+                proc = psutil.Process(pid)
+                total += proc.memory_info().rss
+                total += sum(c.memory_info().rss for c in proc.children(recursive=True))
+            except Exception:  # noqa: BLE001 - a process that just died
+                continue
+        self.peak_rss = max(self.peak_rss, total / (1 << 30))
 
     def _engine_config(self):
         from mindspeed_asp.runtime.types import EngineConfig
@@ -163,6 +205,7 @@ class Driver:
                                         threads=cfg.run.instance_threads)
                 try:
                     info = ray.get(actor.start.remote(), timeout=cfg.run.start_timeout_s)
+                    self.instance_pids.append(int(info.get("pid", 0)))
                     self.recorder.event("instance_started", instance=j, attempt=attempt,
                                         seconds=float(info.get("start_seconds", 0.0)) if isinstance(info, dict) else 0.0)
                     break
@@ -227,17 +270,18 @@ class Driver:
         return self.cfg.run.steps * self.M + self.queue.dropped_stale
 
     def _ensure_work_loaded(self) -> None:
-        """Stock: load iteration k's M groups once the previous iteration is trained. Streaming modes: keep
-        about one window queued ahead so instances never starve at a window boundary."""
+        """Stock: load iteration k's M groups once the previous iteration is trained. Streaming modes: load
+        the next window when the dispatcher has handed out the previous one."""
         if self.next_gid >= self._needed_groups():
             return
         if self.mode == "stock":
             if self.dispatcher.idle() and self.queue.occupancy() == 0:
                 self._load(self.M)
             return
+        # Lazily: a window is planned only when the previous one is fully handed out and the max-lag counter
+        # admits more work, so it is planned with every length observed up to that moment.
         window = self.cfg.asp.replan_every * self.M if self.cfg.asp.replan_every > 0 else self.P
-        capacity = (self.dispatcher.capacity or 1) * sum(self.alive)
-        if self.dispatcher.queued() < max(capacity, self.M):
+        if self.dispatcher.queued() == 0 and self.controller.budget(self._accepted(), self.version) > 0:
             self._load(window)
 
     def _load(self, size: int) -> None:
@@ -424,6 +468,8 @@ class Driver:
             "weights/verified": bool(sync.get("verified", False)),
             "gids": gids, **{k: v for k, v in self.queue.counters().items() if k != "queue/occupancy"},
         }
+        self._sample_memory()
+        rec["memory/rss_gib"] = self.peak_rss
         self.recorder.log_step(rec, lags)
         self.recorder.queue(self.queue.occupancy())
         self.t_last_step = t_end
@@ -496,7 +542,7 @@ class Driver:
             "trained_unique": len(set(self.trained_gids)),
             "steals": len(self.dispatcher.steals), "redispatched": self.dispatcher.redispatched,
             "instances_alive": int(sum(self.alive)),
-            "memory/peak_rss_gib": _peak_rss_gib(),
+            "memory/peak_rss_gib": self.peak_rss,
             **self.queue.counters(),
         }
         summary = self.recorder.write(extra)
@@ -526,14 +572,6 @@ class Driver:
                 pass
         if hasattr(self, "recorder"):
             self.recorder.close()
-
-
-def _peak_rss_gib() -> float:
-    """Peak resident memory of this driver process and its Ray workers on this node (GiB), best effort."""
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return own / (1 << 20)
 
 
 def run_training(cfg: RunConfig, out_dir: str | Path, progress: bool = True,
