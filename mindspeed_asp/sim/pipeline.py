@@ -5,14 +5,17 @@ still starve a streaming trainer, so the simulator couples the instance model (e
 one event loop and reports every metric and bound under the project's names.
 
 Modes:
-- "stream": ASP's asynchronous pipeline. Instances follow their plan queues; a group is dispatched only while
-  `dispatched < (version + max_lag + 1) * M` (AReaL's admission control, DESIGN.md section 6). The trainer
-  takes finished groups oldest-version first, M per update (`alpha*tokens + overhead` seconds), then syncs
-  weights (`sync_time`, instances paused unless `sync_pauses_rollout=False`) and bumps the version. With
-  `stale_policy="wait"` update k starts only when every group dispatched at a version <= k - max_lag has
-  finished, which together with the admission rule guarantees lag <= max_lag for every trained sample;
-  `"drop"` never waits and the audit drops (and counts) samples whose lag would exceed the bound.
-  Every trained sample is audited: lag = k - the version at its first admission.
+- "stream": ASP's asynchronous pipeline. Instances follow their plan queues. Admission control (AReaL's
+  capacity rule, DESIGN.md section 6): a group is dispatched (its first sample admitted) only while
+  `dispatched - taken < (version + max_lag + 1 - updates_started) * M`, so it can still be trained by update
+  `version + max_lag`. The trainer takes finished groups earliest-deadline first (dispatch version, then the
+  plan's minibatch tag, then arrival), M per update (`alpha*tokens + overhead` seconds), then syncs weights
+  (`sync_time`; instances pause unless `sync_pauses_rollout=False`) and bumps the version. With
+  `stale_policy="wait"` an update starts only if every group still untrained can meet its deadline afterwards
+  (EDF feasibility, M per update): the trainer waits for an old group rather than train newer ones, which
+  guarantees lag <= max_lag for every trained sample with nothing dropped. `"drop"` never waits; the audit
+  then drops (and counts) the samples whose lag would exceed the bound. Every trained sample is audited:
+  lag = update index - the policy version at its first admission (the oldest that produced a token).
 - "stock": MindSpeed-RL's synchronous iteration: every instance runs its whole share, the iteration waits for
   the slowest instance, then trains ceil(G/M) minibatches in completion order, then syncs once.
 - "single": "stock" on one big instance with all the devices: slots and KV budget times m, step cost divided
@@ -93,7 +96,8 @@ class _Trainer:
         self.ready_by_v = [0]  # finished, not yet taken, per dispatch version
         self.lo = 0  # lowest dispatch version that may still have untrained groups
         self.k_started = 0  # updates started so far
-        self.ready: List[tuple] = []  # heap (dispatch version, finish time, g)
+        self.ready: List[tuple] = []  # heap (dispatch version, plan tag, finish time, g)
+        self.tags = None  # plan minibatch tag per group (-1 = untagged)
         self.events: List[tuple] = []
         self._seq = 0
         self.rec: Dict[str, list] = {k: [] for k in ("ready", "start", "finish", "sync_end", "groups", "tokens")}
@@ -117,7 +121,8 @@ class _Trainer:
         v = int(self.cl.group_version[g])
         self.inflight[v] -= 1
         self.finished += 1
-        heapq.heappush(self.ready, (v, t, g))
+        tag = int(self.tags[g]) if self.tags is not None and self.tags[g] >= 0 else self.G
+        heapq.heappush(self.ready, (v, tag, t, g))
         self.ready_by_v[v] += 1
         self.try_start(t)
 
@@ -156,11 +161,11 @@ class _Trainer:
         if self.stale_policy == "wait" and not self._schedulable():
             return
         take = [heapq.heappop(self.ready) for _ in range(min(self.M, len(self.ready)))]
-        for v, _, _ in take:
+        for v, _, _, _ in take:
             self.untrained[v] -= 1
             self.ready_by_v[v] -= 1
         self.k_started += 1
-        groups = np.array([g for _, _, g in take], dtype=np.int64)
+        groups = np.array([g for _, _, _, g in take], dtype=np.int64)
         n = self.cl.nsamp
         sids = (groups[:, None] * n + np.arange(n)[None, :]).ravel()
         lag = self.k - self.cl.seq_version[sids]
@@ -174,7 +179,7 @@ class _Trainer:
         tokens = float(toks.sum())
         dur = self.t.train_time(tokens)
         self.busy = True
-        self.rec["ready"].append(max(t for _, t, _ in take))
+        self.rec["ready"].append(max(t for _, _, t, _ in take))
         self.rec["start"].append(now)
         self.rec["finish"].append(now + dur)
         self.rec["groups"].append(len(take))
@@ -266,6 +271,7 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     if mode == "stream":
         cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale)
         tr = _Trainer(trainer, max_lag, stale_policy, sync_time, sync_pauses_rollout, cl, G, tok)
+        tr.tags = np.asarray(assignment.minibatch, dtype=np.int64) if assignment.minibatch is not None else None
         cl.gate = tr.gate
         cl.on_group_done = tr.group_done
         while True:
