@@ -156,6 +156,34 @@ def test_second_round_updates_again(cluster, model_dir):
     assert len(sender.history) >= 2
 
 
+def test_sync_lands_between_steps_of_inflight_requests(cluster, model_dir):
+    """An update during generation: the sample records both the old and the new version."""
+    actors, sender = cluster["actors"], cluster["sender"]
+    v_old = ray.get(actors[0].status.remote())["version"]
+    before = ray.get(actors[0].status.remote())["generated_tokens"]
+    ray.get(actors[0].submit.remote([GroupRequest("inflight", "p", PROMPT, n=2, max_new_tokens=400, seed=1,
+                                                  ignore_eos=True)]))
+    deadline = time.time() + 60
+    while ray.get(actors[0].status.remote())["generated_tokens"] <= before:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    model = _perturbed(load_hf_model(model_dir), seed=5)
+    stats = ws.sync_weights(sender, actors, v_old + 1, model.state_dict().items())
+    assert stats.verified
+    ray.get(actors[0].submit.remote([GroupRequest("after", "p", PROMPT, n=1, max_new_tokens=2, ignore_eos=True)]))
+    got = {}
+    deadline = time.time() + 120
+    while not {"inflight", "after"} <= set(got):
+        assert time.time() < deadline
+        got.update({r.group_id: r for r in ray.get(actors[0].drain_finished.remote())})
+        time.sleep(0.05)
+    assert got["after"].samples[0].min_version == v_old + 1
+    for smp in got["inflight"].samples:
+        assert smp.min_version == v_old and smp.max_version == v_old + 1
+        cut = smp.token_versions.index(v_old + 1)
+        assert 0 < cut < len(smp.token_ids) and set(smp.token_versions[cut:]) == {v_old + 1}
+
+
 def test_round_with_nothing_raises(cluster):
     with pytest.raises(WeightSyncError, match="no tensors"):
         ws.sync_weights(cluster["sender"], cluster["actors"], 3, [])

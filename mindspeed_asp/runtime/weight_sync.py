@@ -64,13 +64,21 @@ def tensor_nbytes(shape: Sequence[int], dtype: str) -> int:
     return numel * torch.empty((), dtype=torch_dtype(dtype)).element_size()
 
 
-def tensor_checksum(t: Any) -> float:
-    """Position-weighted float64 sum: differs when values change, are zeroed, garbage, or permuted."""
+def tensor_checksum(t: Any, chunk: int = 1 << 24) -> float:
+    """Position-weighted float64 sum: differs when values change, are zeroed, garbage, or permuted.
+
+    Computed on the tensor's own device in chunks, so checking a large model neither copies it to the
+    host nor doubles its memory.
+    """
     import torch
 
-    x = t.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
-    w = 1.0 + (torch.arange(x.numel(), dtype=torch.float64) % 13) / 13.0
-    return float((x * w).sum())
+    x = t.detach().reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for start in range(0, x.numel(), chunk):
+        part = x[start:start + chunk].to(torch.float64)
+        w = 1.0 + ((torch.arange(part.numel(), dtype=torch.int64, device=x.device) + start) % 13) / 13.0
+        total += (part * w).sum()
+    return float(total)
 
 
 def checksums_match(expected: Dict[str, float], got: Dict[str, float], rtol: float = 1e-6,
