@@ -171,3 +171,12 @@ def test_unknown_suffix_and_missing_file(tmp_path):
         LengthHistory().save(tmp_path / "h.csv")
     with pytest.raises(InputError, match="not found"):
         LengthHistory.load(tmp_path / "none.parquet")
+
+
+def test_select_epochs_and_max_length():
+    h = _small()
+    before = h.select_epochs(before=2)
+    assert before.epochs() == [0, 1] and before.lengths_for(["a"])[0][0].tolist() == [10, 20, 30]
+    only = h.select_epochs(only=2)
+    assert only.epochs() == [2] and only.lengths_for(["a"])[0][2].tolist() == [7, 8, 9]
+    assert h.max_length() == 30 and LengthHistory().max_length() == 0

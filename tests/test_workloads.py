@@ -242,3 +242,31 @@ def test_workload_from_spec_traces(tmp_path):
 def test_workload_from_spec_errors(spec, match):
     with pytest.raises(InputError, match=match):
         workload_from_spec(spec)
+
+
+def test_history_spec_back_tests_a_rollout_log(tmp_path, capsys):
+    """A runtime rollout log (split groups, extra keys) replayed as a workload: the last epoch is the truth."""
+    wl = SyntheticRLWorkload.small(40, n=4, epochs=3, seed=4)
+    log = tmp_path / "rollout.jsonl"
+    with log.open("w") as fh:
+        for e in range(3):
+            L = wl.lengths(e)
+            for i, pid in enumerate(wl.prompts.prompt_ids):
+                if e == 2 and i == 0:
+                    continue  # this prompt's last group never finished
+                fh.write(json.dumps({"prompt_id": pid, "epoch": e, "response_lengths": L[i, :2].tolist(),
+                                     "instance": 0}) + "\n")
+                fh.write(json.dumps({"prompt_id": pid, "epoch": e, "response_lengths": L[i, 2:].tolist(),
+                                     "instance": 1}) + "\n")
+    ds = tmp_path / "prompts.jsonl"
+    save_prompt_set(wl.prompts, ds)
+    res = workload_from_spec(f"history:{log}?dataset={ds}&cap=384")
+    assert res.truth.shape == (39, 4) and res.prompts.n == 4 and res.max_new_tokens == 384
+    assert np.array_equal(res.truth, wl.lengths(2)[1:])
+    assert np.array_equal(res.prompts.prompt_lens, wl.prompts.prompt_lens[1:])
+    assert res.history.epochs() == [0, 1]
+    assert "fewer than n=4" in capsys.readouterr().err
+    early = workload_from_spec(f"history:{log}?epoch=1")
+    assert early.truth.shape == (40, 4) and early.history.epochs() == [0]
+    with pytest.raises(InputError, match="no epoch 7"):
+        workload_from_spec(f"history:{log}?epoch=7")

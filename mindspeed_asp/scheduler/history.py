@@ -143,6 +143,11 @@ class LengthHistory:
         self._consolidate()
         return len(self._values)
 
+    def max_length(self) -> int:
+        """The longest observed length (0 for an empty history)."""
+        self._consolidate()
+        return int(self._values.max()) if len(self._values) else 0
+
     def epochs(self) -> List[int]:
         """Sorted distinct epochs present."""
         self._consolidate()
@@ -239,6 +244,22 @@ class LengthHistory:
             pos = np.arange(len(rec)) - first
             ok = pos < n
             out[view.group[keep][ok], pos[ok]] = view.length[keep][ok]
+        return out
+
+    def select_epochs(self, before: Optional[int] = None, only: Optional[int] = None) -> "LengthHistory":
+        """A new history with the records of epochs < `before` (and/or exactly `only`)."""
+        self._consolidate()
+        keep = np.ones(len(self._pid), dtype=bool)
+        if before is not None:
+            keep &= self._epoch < before
+        if only is not None:
+            keep &= self._epoch == only
+        rows = np.flatnonzero(keep)
+        out = LengthHistory()
+        out._pid = self._pid[rows]
+        out._epoch = self._epoch[rows]
+        out._offsets = np.concatenate(([0], np.cumsum(self._offsets[rows + 1] - self._offsets[rows]))).astype(np.int64)
+        out._values = self._values[_segment_gather(self._offsets, rows)]
         return out
 
     # ------------------------------------------------------------------ files

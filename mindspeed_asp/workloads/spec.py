@@ -8,6 +8,9 @@ Forms:
 - ``alpaca:<path>`` with optional ``?target=t0.7`` (held-out column; ``target=all`` gives [G, 4] truth and
   no history) and ``?prompt_len=0``.
 - ``splitwise:<path>`` with optional ``?n=8`` (requests per group).
+- ``history:<path>`` (a history file or a runtime rollout log) with optional ``?epoch=E`` (the truth; default
+  the latest), ``n=8``, ``dataset=<prompts.jsonl>``, ``cap=4096`` (default: the largest length in the file):
+  back-tests on a real run, the epochs before E being the history.
 """
 from __future__ import annotations
 
@@ -61,10 +64,10 @@ def _split_path(rest: str) -> Tuple[str, str]:
 
 
 def workload_from_spec(spec: str) -> ResolvedWorkload:
-    """Resolve `synthetic:...`, `alpaca:<path>` or `splitwise:<path>` (see module doc)."""
+    """Resolve `synthetic:...`, `alpaca:<path>`, `splitwise:<path>` or `history:<path>` (see module doc)."""
     if ":" not in spec:
         raise InputError("workload must look like synthetic:prompts=512,n=8,seed=0 | alpaca:<path> | "
-                         "splitwise:<path>", key=spec)
+                         "splitwise:<path> | history:<path>", key=spec)
     kind, rest = spec.split(":", 1)
     kind = kind.strip().lower()
     if kind == "synthetic":
@@ -105,4 +108,13 @@ def workload_from_spec(spec: str) -> ResolvedWorkload:
         opts = _parse_options(text, spec, {"n": int})
         prompts, hist, truth = load_splitwise(path, n=int(opts.get("n", 8)))
         return ResolvedWorkload(prompts, hist, truth, int(max(truth.max(), 1)), spec)
-    raise InputError(f"unknown workload kind {kind!r} (synthetic, alpaca, splitwise)", key=spec)
+    if kind == "history":
+        from mindspeed_asp.workloads.traces import load_history_trace
+
+        path, text = _split_path(rest)
+        opts = _parse_options(text, spec, {"epoch": int, "n": int, "dataset": str, "cap": int})
+        prompts, hist, truth = load_history_trace(path, epoch=opts.get("epoch"), n=opts.get("n"),
+                                                  dataset=opts.get("dataset"))
+        cap = int(opts.get("cap", 0)) or int(max(truth.max(), hist.max_length() if len(hist) else 0, 1))
+        return ResolvedWorkload(prompts, hist, truth, cap, spec)
+    raise InputError(f"unknown workload kind {kind!r} (synthetic, alpaca, splitwise, history)", key=spec)

@@ -134,3 +134,68 @@ def load_splitwise(path: PathLike, n: int = 8) -> Tuple[PromptSet, LengthHistory
     if left:
         print(f"{spath}: last {left} requests do not fill a group of n={n}; left out", file=sys.stderr)
     return PromptSet(ids, plen, n=n, origin=spath), LengthHistory(), truth
+
+
+def read_history_any(path: PathLike) -> LengthHistory:
+    """A history from a Parquet history file, or from JSON Lines (a history file or a runtime rollout log:
+    repeated (prompt_id, epoch) lines are merged)."""
+    p = Path(path)
+    if p.suffix.lower() in (".parquet", ".pq"):
+        return LengthHistory.load(p)
+    hist = LengthHistory()
+    if p.suffix.lower() not in (".jsonl", ".ndjson"):
+        raise InputError("length history must end in .parquet or .jsonl", path=str(p))
+    if not p.is_file():
+        raise InputError("length history file not found", path=str(p))
+    hist.append_rollout_log(p)
+    return hist
+
+
+def load_history_trace(path: PathLike, epoch: Optional[int] = None, n: Optional[int] = None,
+                       dataset: Optional[PathLike] = None) -> Tuple[PromptSet, LengthHistory, np.ndarray]:
+    """Back-test on a real run: epoch `epoch` (default the latest) of a history or rollout log is the truth,
+    the epochs before it are the history.
+
+    Groups are the prompts with at least n samples at that epoch (n defaults to the most common group size
+    there; extra samples beyond n are ignored, prompts with fewer are left out with a note on stderr). With
+    `dataset` (a prompt JSON Lines file) prompts keep the dataset's order and prompt lengths; without it they
+    are sorted by id with prompt_len 0.
+    """
+    spath = str(path)
+    full = read_history_any(path)
+    epochs = full.epochs()
+    if not epochs:
+        raise InputError("no lengths in file", path=spath)
+    e = epochs[-1] if epoch is None else int(epoch)
+    if e not in epochs:
+        raise InputError(f"no epoch {e} in file (epochs: {epochs})", path=spath, key="epoch")
+    at = full.select_epochs(only=e)
+    pid, _, offsets, _ = at.records()
+    counts = np.diff(offsets)
+    if n is None:
+        vals, freq = np.unique(counts, return_counts=True)
+        n = int(vals[np.argmax(freq)])
+    if n < 1:
+        raise InputError("n must be >= 1", key="n")
+    if dataset is not None:
+        from mindspeed_asp.workloads.prompts import load_prompt_set
+
+        ds = load_prompt_set(dataset, n=n)
+        ids = ds.prompt_ids
+    else:
+        ds = None
+        ids = pid
+    mat = at.epoch_matrix(ids, e, n=n)
+    ok = (mat >= 0).all(axis=1)
+    if not ok.any():
+        raise InputError(f"no prompt has {n} samples at epoch {e}", path=spath, key="epoch")
+    if not ok.all():
+        print(f"{spath}: {int((~ok).sum())} prompt(s) have fewer than n={n} samples at epoch {e}; left out",
+              file=sys.stderr)
+    keep = np.flatnonzero(ok)
+    if ds is not None:
+        prompts = ds.subset(keep)
+    else:
+        prompts = PromptSet(np.asarray(ids, dtype=object)[keep], np.zeros(len(keep), dtype=np.int64), n=n,
+                            origin=spath)
+    return prompts, full.select_epochs(before=e), mat[keep]
