@@ -1,0 +1,45 @@
+"""The async trainer's pure pieces: lag audit, TransferDock rows, per-iteration ASP metrics."""
+import pytest
+import torch
+
+from mindspeed_asp.integrations.mindspeed_rl.async_trainer import audit_groups, groups_to_rows, iteration_metrics
+from mindspeed_asp.integrations.mindspeed_rl.data_patches import ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB
+from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import GroupOutput
+
+
+def group(gid, version, inst=0, start=0.0, end=1.0, lens=(3, 5)):
+    return GroupOutput(gid, inst, [7, 8], [list(range(10, 10 + k)) for k in lens],
+                       [[-0.5] * k for k in lens], version, start, end)
+
+
+def test_audit_never_trains_over_the_bound():
+    a = audit_groups([group(0, 5), group(1, 4), group(2, 2)], version=5, max_lag=1)
+    assert [g.gid for g in a["ok"]] == [0, 1] and [g.gid for g in a["stale"]] == [2]
+    assert a["lags"] == [0, 0, 1, 1]
+    assert audit_groups([group(0, 3)], version=3, max_lag=0)["lags"] == [0, 0]
+
+
+def test_rows_follow_msrl_layout():
+    rows = groups_to_rows([group(4, 1), group(9, 2)], {4: {"labels": torch.tensor([1]), ASP_PROMPT_ID: 40},
+                                                       9: {"labels": torch.tensor([2]), ASP_PROMPT_ID: 90}}, n=2)
+    assert len(rows["prompts"]) == 4
+    assert [int(t[0]) for t in rows[ASP_PROMPT_ID]] == [40, 40, 90, 90]
+    assert [int(t[0]) for t in rows[POLICY_VERSION]] == [1, 1, 2, 2]
+    assert [int(t[0]) for t in rows["response_length"]] == [3, 5, 3, 5]
+    assert rows["input_ids"][1].tolist() == [7, 8, 10, 11, 12, 13, 14]
+    assert rows[ROLLOUT_LOG_PROB][1].shape == (5,)
+    assert [int(t[0]) for t in rows["labels"]] == [1, 1, 2, 2]
+    with pytest.raises(ValueError, match="expected n=3"):
+        groups_to_rows([group(4, 1)], {}, n=3)
+
+
+def test_iteration_metrics_names_and_values():
+    gs = [group(0, 1, inst=0, start=0.0, end=10.0), group(1, 1, inst=1, start=0.0, end=5.0)]
+    m = iteration_metrics(gs, [0, 0, 1, 1], max_lag=1, instances=2, t_iter=20.0, wait_s=5.0, sync_s=1.0,
+                          total_npus=4)
+    assert m["bubble/skewness"] == pytest.approx(1 - 7.5 / 10)
+    assert m["bubble/sorting"] == pytest.approx(0.25)
+    assert m["lag/max"] == 1 and m["lag/mean"] == pytest.approx(0.5) and m["lag/frac_over_bound"] == 0
+    tokens = 2 * (2 * 2 + 8)
+    assert m["throughput/e2e_tps"] == pytest.approx(tokens / (4 * 20.0))
+    assert m["time/rollout"] == pytest.approx(10.0) and m["time/weight_sync"] == 1.0
