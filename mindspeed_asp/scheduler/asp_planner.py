@@ -133,6 +133,12 @@ def order_instance(members: np.ndarray, gm: GroupMoments, slots: int, eps: float
 ORDER_RULES = {"curve": 0.0, "random": 1.0, "long_first": 2.0}  # params["order_rule"] codes
 
 
+def fixed_choice(params: Dict[str, float]) -> Dict[str, object]:
+    """plan_asp keyword arguments that repeat the (theta, order rule, eps) an earlier selection chose."""
+    rule = {v: k for k, v in ORDER_RULES.items()}[float(params["order_rule"])]
+    return {"theta_grid": (float(params["theta"]),), "eps_grid": (float(params["eps_base"]),), "rules": (rule,)}
+
+
 def predicted_completion(orders: Sequence[np.ndarray], gm: GroupMoments, problem: PlanningProblem) -> np.ndarray:
     """Predicted completion time (seconds) of every group under the fluid model with predicted lengths."""
     G = len(gm.area)
@@ -174,13 +180,14 @@ def build_candidate(problem: PlanningProblem, gm: GroupMoments, owner: np.ndarra
 
 def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "asp",
              theta_grid: Optional[Sequence[float]] = None, eps_grid: Optional[Sequence[float]] = None,
-             scenarios_k: int = SCENARIOS) -> Assignment:
+             scenarios_k: int = SCENARIOS, rules: Optional[Sequence[str]] = None) -> Assignment:
     """Plan one window with BLT.
 
     Candidates: every (theta, eps) of the grid with the laxity/curve order, plus the two reference orders
     (random, long-first) on the same balanced assignment; the winner has the least mean end-to-end time
     over `scenarios_k` length scenarios. Windows above SELECT_MAX_SAMPLES samples keep the defaults. Giving
-    `eps_grid` restricts the search to the curve order with those eps values.
+    `eps_grid` restricts the search to the curve order with those eps values; `rules` names the order rules
+    to try ("curve", "random", "long_first"; eps applies to "curve" only).
     """
     gm = group_moments(problem)
     G = len(gm.work)
@@ -197,11 +204,11 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
             continue
         balanced[key] = balance(gm, problem, theta)
         owner, info = balanced[key]
-        for eps_base in epss:
-            candidates.append(build_candidate(problem, gm, owner, info, theta, "curve", eps_base, name, rng))
-        if select and eps_grid is None:
-            for rule in ("random", "long_first"):
-                candidates.append(build_candidate(problem, gm, owner, info, theta, rule, 0.0, name, rng))
+        use = tuple(rules) if rules is not None else (("curve", "random", "long_first") if select and
+                                                      eps_grid is None else ("curve",))
+        for rule in use:
+            for eps_base in (epss if rule == "curve" else (0.0,)):
+                candidates.append(build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng))
     if len(candidates) == 1:
         best = candidates[0]
         best.params["scenarios"] = 0.0  # defaults kept: no selection on this window

@@ -16,9 +16,13 @@ import numpy as np
 from mindspeed_asp import __version__
 from mindspeed_asp.scheduler.fluid import group_moments, instance_times, rollout_lower_bound
 from mindspeed_asp.scheduler.plan import DispatchPlan
-from mindspeed_asp.scheduler.planners import get_planner, needs_oracle
+from mindspeed_asp.scheduler.asp_planner import fixed_choice, plan_asp
+from mindspeed_asp.scheduler.planners import get_planner, is_oracle_estimate, needs_oracle
 from mindspeed_asp.scheduler.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                            PromptSet)
+
+
+ASP_FAMILY = ("asp", "oracle_asp")
 
 
 def slice_estimate(est: LengthEstimate, rows: np.ndarray) -> LengthEstimate:
@@ -77,11 +81,14 @@ def build_plan(prompts: PromptSet, estimate: LengthEstimate, *, instances: int, 
                max_new_tokens: int, planner: str = "asp", groups_per_iteration: Optional[int] = None,
                cost: Optional[CostModel] = None, rho: float = 1.0, kv_budget: Optional[int] = None,
                seed: int = 0, provenance: Optional[Dict[str, Any]] = None,
-               progress: Optional[bool] = None) -> BuildResult:
+               progress: Optional[bool] = None, reselect_every: int = 8) -> BuildResult:
     """Plan every iteration window of `prompts` with `planner` and return the plan with provenance.
 
     `estimate` covers all rows of `prompts` (from `estimate_lengths` or any estimator); an `oracle_*` planner
     must be given an oracle's estimate. `progress` None shows a tqdm bar on stderr for large inputs.
+    For the ASP planners the scenario search of (theta, order rule, eps) runs on every `reselect_every`-th
+    window and the windows in between reuse its choice (windows of one epoch are alike; this keeps a 10^5-group
+    epoch in seconds); 0 searches on every window.
     """
     if len(estimate) != len(prompts):
         raise ValueError(f"estimate has {len(estimate)} groups, dataset has {len(prompts)}")
@@ -101,13 +108,22 @@ def build_plan(prompts: PromptSet, estimate: LengthEstimate, *, instances: int, 
         windows = tqdm(windows, desc=f"asp plan ({planner})", unit="iter", file=sys.stderr)
     assignments: List[Assignment] = []
     summaries: List[IterationSummary] = []
+    chosen: Optional[Dict[str, Any]] = None
     for it in windows:
         rows = np.arange(starts[it], starts[it + 1])
         problem = PlanningProblem(prompts=prompts.subset(rows), estimate=slice_estimate(estimate, rows),
                                   instances=int(instances), spec=spec, minibatch=int(minibatch), cost=cost,
                                   max_new_tokens=int(max_new_tokens), rho=float(rho),
                                   seed=int(rng.integers(1 << 31)))
-        a = fn(problem, rng)
+        if planner in ASP_FAMILY and reselect_every and it % reselect_every and chosen is not None:
+            if planner.startswith("oracle_") and not is_oracle_estimate(problem):
+                fn(problem, rng)  # raises the oracle planner's own error
+            a = plan_asp(problem, rng, name=planner, **chosen)
+            a.params["reused_from"] = float(it - it % reselect_every)
+        else:
+            a = fn(problem, rng)
+            if planner in ASP_FAMILY and a.params.get("scenarios", 0.0) > 0:
+                chosen = fixed_choice(a.params)
         a.validate(len(rows))
         assignments.append(a)
         summaries.append(summarize(problem, a))

@@ -10,6 +10,7 @@ Every function returns `owner`, an int64 array giving the part (instance) of eac
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from typing import Callable, Optional, Tuple
@@ -40,30 +41,52 @@ def lpt_assign(weights: np.ndarray, m: int, base_loads: Optional[np.ndarray] = N
 
 
 class _State:
-    """One partial m-way partition: subset sums (descending), linked-list heads/tails, base-part anchors."""
+    """One partial m-way partition, kept as Python lists (fast single-element updates).
 
-    __slots__ = ("sums", "heads", "tails", "anchors")
+    `negs` are the negated subset sums in ascending order (so subset 0 is the largest), `heads`/`tails` the
+    ends of each subset's linked list of items (-1 = empty), `anchors` the base part a subset grew from.
+    """
 
-    def __init__(self, sums: np.ndarray, heads: np.ndarray, tails: np.ndarray, anchors: np.ndarray) -> None:
-        self.sums, self.heads, self.tails, self.anchors = sums, heads, tails, anchors
+    __slots__ = ("negs", "heads", "tails", "anchors")
+
+    def __init__(self, negs: list, heads: list, tails: list, anchors: list) -> None:
+        self.negs, self.heads, self.tails, self.anchors = negs, heads, tails, anchors
 
     @property
     def diff(self) -> float:
-        return float(self.sums[0] - self.sums[-1])
+        return self.negs[-1] - self.negs[0]
 
 
-def _merge(x: _State, y: _State, nxt: np.ndarray) -> _State:
-    """Differencing step: largest subset of x joins the smallest of y, and so on; then re-sort."""
-    ys = slice(None, None, -1)
-    yh, yt, ya = y.heads[ys], y.tails[ys], y.anchors[ys]
-    both = (x.heads >= 0) & (yh >= 0)
-    nxt[x.tails[both]] = yh[both]
-    heads = np.where(x.heads >= 0, x.heads, yh)
-    tails = np.where(yt >= 0, yt, x.tails)
-    anchors = np.maximum(x.anchors, ya)
-    sums = x.sums + y.sums[ys]
-    order = np.argsort(-sums, kind="stable")
-    return _State(sums[order], heads[order], tails[order], anchors[order])
+def _merge(x: _State, y: _State, nxt: list) -> _State:
+    """Differencing step: the largest subset of x joins the smallest of y, and so on; then re-sort."""
+    xn, xh, xt, xa = (np.asarray(v) for v in (x.negs, x.heads, x.tails, x.anchors))
+    yn, yh, yt, ya = (np.asarray(v)[::-1] for v in (y.negs, y.heads, y.tails, y.anchors))
+    both = np.flatnonzero((xh >= 0) & (yh >= 0))
+    for k in both.tolist():
+        nxt[int(xt[k])] = int(yh[k])
+    negs = xn + yn
+    heads = np.where(xh >= 0, xh, yh)
+    tails = np.where(yt >= 0, yt, xt)
+    anchors = np.maximum(xa, ya)
+    order = np.argsort(negs, kind="stable")
+    return _State(negs[order].tolist(), heads[order].tolist(), tails[order].tolist(), anchors[order].tolist())
+
+
+def _add_item(x: _State, wk: float, item: int, nxt: list) -> _State:
+    """Merge x with a single-item partition: the item joins x's smallest subset (x is consumed)."""
+    neg = x.negs.pop()
+    head, tail, anchor = x.heads.pop(), x.tails.pop(), x.anchors.pop()
+    if tail >= 0:
+        nxt[tail] = item
+    else:
+        head = item
+    neg -= wk
+    p = bisect.bisect_left(x.negs, neg)
+    x.negs.insert(p, neg)
+    x.heads.insert(p, head)
+    x.tails.insert(p, item)
+    x.anchors.insert(p, anchor)
+    return x
 
 
 def karmarkar_karp(weights: np.ndarray, m: int, base_loads: Optional[np.ndarray] = None,
@@ -73,7 +96,8 @@ def karmarkar_karp(weights: np.ndarray, m: int, base_loads: Optional[np.ndarray]
     `base_loads[j]` is work already on part j (placed tail groups); the result keeps part identities so the
     seeded loads stay where they are. `equal_size=True` is the balanced variant (BLDM, as verl's
     `karmarkar_karp(..., equal_size=True)`): states start as consecutive m-tuples of the sorted items, so
-    part sizes differ by at most one. O(G log G) merges of O(m log m) each.
+    part sizes differ by at most one. O(G log G) merges; a merge with a single item is an O(m) list
+    insertion, a merge of two partitions O(m log m) in numpy.
     """
     w = np.asarray(weights, dtype=np.float64)
     G = len(w)
@@ -81,9 +105,8 @@ def karmarkar_karp(weights: np.ndarray, m: int, base_loads: Optional[np.ndarray]
         raise ValueError("m must be >= 1")
     if G == 0:
         return np.zeros(0, dtype=np.int64)
-    nxt = np.full(G, -1, dtype=np.int64)
+    nxt = [-1] * G
     order = np.argsort(-w, kind="stable")
-    neg1 = np.full(m, -1, dtype=np.int64)
     counter = itertools.count()
     heap: list = []
 
@@ -93,51 +116,60 @@ def karmarkar_karp(weights: np.ndarray, m: int, base_loads: Optional[np.ndarray]
     if base_loads is not None:
         b = np.asarray(base_loads, dtype=np.float64)
         bo = np.argsort(-b, kind="stable")
-        push(_State(b[bo].copy(), neg1.copy(), neg1.copy(), bo.astype(np.int64)))
+        push(_State((-b[bo]).tolist(), [-1] * m, [-1] * m, bo.tolist()))
 
     if equal_size:
         pad = (-G) % m
-        items = np.concatenate([order, np.full(pad, -1, dtype=np.int64)]).reshape(-1, m)
-        for row in items:
-            sums = np.where(row >= 0, w[np.maximum(row, 0)], 0.0)
-            push(_State(sums, row.copy(), row.copy(), neg1.copy()))
+        tuples = np.concatenate([order, np.full(pad, -1, dtype=np.int64)]).reshape(-1, m)
+        for row in tuples:
+            negs = np.where(row >= 0, -w[np.maximum(row, 0)], 0.0)
+            push(_State(negs.tolist(), row.tolist(), row.tolist(), [-1] * m))
         singles = np.zeros(0, dtype=np.int64)
     else:
         singles = order
-    ws = w[singles]
+    ws = w[singles].tolist()
+    items = singles.tolist()
+    n_single = len(items)
     pos = 0
 
-    def single(k: int) -> _State:
-        sums = np.zeros(m)
-        sums[0] = ws[k]
-        heads = neg1.copy()
-        heads[0] = singles[k]
-        return _State(sums, heads, heads.copy(), neg1.copy())
+    def pair(k1: int, k2: int) -> _State:
+        negs = [-ws[k1], -ws[k2]] + [0.0] * (m - 2) if m >= 2 else [-(ws[k1] + ws[k2])]
+        if m >= 2:
+            heads = [items[k1], items[k2]] + [-1] * (m - 2)
+            return _State(negs, heads, list(heads), [-1] * m)
+        nxt[items[k1]] = items[k2]
+        return _State(negs, [items[k1]], [items[k2]], [-1])
 
-    def take() -> _State:
-        nonlocal pos
-        if pos < len(singles) and (not heap or ws[pos] >= -heap[0][0]):
+    while len(heap) + (n_single - pos) > 1:
+        # The partition with the largest difference is the next single item or the heap's top.
+        if pos < n_single and (not heap or ws[pos] >= -heap[0][0]):
+            k1 = pos
             pos += 1
-            return single(pos - 1)
-        return heapq.heappop(heap)[2]
-
-    while len(heap) + (len(singles) - pos) > 1:
-        x = take()
-        y = take()
-        push(_merge(x, y, nxt))
-    final = take()
+            if pos < n_single and (not heap or ws[pos] >= -heap[0][0]):
+                pos += 1
+                push(pair(k1, pos - 1))
+            else:
+                push(_add_item(heapq.heappop(heap)[2], ws[k1], items[k1], nxt))
+        else:
+            x = heapq.heappop(heap)[2]
+            if pos < n_single and (not heap or ws[pos] >= -heap[0][0]):
+                pos += 1
+                push(_add_item(x, ws[pos - 1], items[pos - 1], nxt))
+            else:
+                push(_merge(x, heapq.heappop(heap)[2], nxt))
+    if heap:
+        final = heap[0][2]
+    else:  # exactly one item
+        final = _add_item(_State([0.0] * m, [-1] * m, [-1] * m, [-1] * m), ws[0], items[0], nxt)
 
     owner = np.full(G, -1, dtype=np.int64)
-    if base_loads is not None:
-        part_of_subset = final.anchors
-    else:
-        part_of_subset = np.arange(m, dtype=np.int64)
-    for s in range(m):
-        i = int(final.heads[s])
-        part = int(part_of_subset[s])
+    part_of_subset = final.anchors if base_loads is not None else list(range(m))
+    for sidx in range(m):
+        i = final.heads[sidx]
+        part = part_of_subset[sidx]
         while i >= 0:
             owner[i] = part
-            i = int(nxt[i])
+            i = nxt[i]
     return owner
 
 
