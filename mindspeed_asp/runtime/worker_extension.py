@@ -45,6 +45,8 @@ class AspWorkerExtension:
                              world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
         """Join the trainer's group as rank `rank_offset + tp_rank` (blocks until everyone joined)."""
         platform = platform_from_name(platform_kind)
+        if self._asp_comm is not None:  # the group is being re-formed (e.g. after an instance died)
+            self.asp_close_weight_sync()
         rank = int(rank_offset) + int(getattr(self, "rank", 0))
         device = getattr(self, "device", None) if platform.is_accelerator else None
         self._asp_comm = make_communicator(platform, master_addr, int(master_port), rank, int(world_size),
