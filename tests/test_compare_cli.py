@@ -97,3 +97,19 @@ def test_pluggable_loader(tmp_path):
     register_loader(lambda p: p.suffix == ".customlog",
                     lambda p: {"name": p.name, "mode": "log", "throughput/e2e_tps": 7.0}, first=True)
     assert load_run(log)["throughput/e2e_tps"] == 7.0
+
+
+def test_mindspeed_rl_log_file_is_read_by_the_log_reader(tmp_path):
+    pytest.importorskip("mindspeed_asp.integrations.mindspeed_rl.log_reader")
+    log = tmp_path / "stock_mindspeed.log"
+    log.write_text("".join(
+        f"[2026-04-22 10:00:0{i}] iteration: {i} / 3 | timing/all : {10.0 + i} | e2e_tps : {200.0 + i}\n"
+        for i in (1, 2, 3)))
+    fake = fake_run(tmp_path, "asp", "asp", 5.0, 2.0)
+    assert fake is not None
+    table, runs = compare_runs([log, tmp_path / "asp"])
+    assert runs[0]["throughput/e2e_tps"] == pytest.approx(202.0)
+    assert runs[0]["time/iteration"] == pytest.approx(12.0)
+    assert runs[0]["name"] == "stock_mindspeed.log"
+    # ratio column against the log's run: asp's iteration time 5 s vs 12 s
+    assert "(x2.40)" in table

@@ -65,3 +65,44 @@ def test_yaml_syntax_error_names_line(tmp_path):
     bad.write_text("asp:\n  mode: asp\n  instances: [1,\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_run_config(bad)
+
+
+def _write_plan(path, prompts, instances=2):
+    import numpy as np
+
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.types import Assignment
+
+    G = len(prompts)
+    orders = [np.arange(j, G, instances) for j in range(instances)]
+    a = Assignment(orders=orders, minibatch=np.full(G, -1), planner="test")
+    plan = DispatchPlan.from_assignments(prompts, [0, G], [a], np.ones(G), np.ones(G), {"planner": "test"})
+    plan.save(path)
+    return path
+
+
+def test_plan_for_another_dataset_stops_before_ray(tmp_path):
+    from mindspeed_asp.commands.train import build_config
+    from mindspeed_asp.runtime.driver import task_and_prompts
+
+    cfg = load_run_config(TINY, ["data.num_prompts=8"])
+    _, prompts = task_and_prompts(cfg)
+    good = _write_plan(tmp_path / "good.jsonl", prompts)
+    assert build_config(str(TINY), ["data.num_prompts=8", f"asp.plan_path={good}"]).asp.plan_path == str(good)
+    other = load_run_config(TINY, ["data.num_prompts=8", "data.seed=5"])
+    _, other_prompts = task_and_prompts(other)
+    bad = _write_plan(tmp_path / "bad.jsonl", other_prompts)
+    with pytest.raises(ConfigError) as exc:
+        build_config(str(TINY), ["data.num_prompts=8", f"asp.plan_path={bad}"])
+    assert "asp.plan_path" in str(exc.value) and "tiny_cpu.yaml" in str(exc.value) and "fingerprint" in str(exc.value)
+    three = _write_plan(tmp_path / "three.jsonl", prompts, instances=3)
+    with pytest.raises(ConfigError, match="3 instances"):
+        build_config(str(TINY), ["data.num_prompts=8", f"asp.plan_path={three}"])
+
+
+def test_cli_reports_config_errors_as_one_line(capsys):
+    from mindspeed_asp.cli import main
+
+    assert main(["train", "--config", str(TINY), "asp.max_lag=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "asp.max_lag" in err[0] and "tiny_cpu.yaml" in err[0]

@@ -52,16 +52,20 @@ def load_run_dir(path: Path) -> Dict[str, Any]:
 
 
 def _mindspeed_log_loader() -> Optional[Loader]:
-    """G's MindSpeed-RL log reader, when that module is present."""
+    """The MindSpeed-RL log reader (integrations.mindspeed_rl.log_reader), when that module is present."""
     try:
-        from mindspeed_asp.integrations.mindspeed_rl import log_reader  # type: ignore
+        from mindspeed_asp.integrations.mindspeed_rl.log_reader import read_training_log
     except ImportError:
         return None
-    for name in ("read_log_summary", "summary_from_log", "read_summary", "summarize_log", "load_summary"):
-        fn = getattr(log_reader, name, None)
-        if callable(fn):
-            return lambda p: dict(fn(str(p)), name=p.name)
-    return None
+
+    def load(p: Path) -> Dict[str, Any]:
+        summary = read_training_log(p)
+        summary.pop("per_iteration", None)
+        summary.setdefault("name", p.name)
+        summary.setdefault("mode", "mindspeed-rl log")
+        return summary
+
+    return load
 
 
 register_loader(lambda p: p.is_dir() and (p / "summary.json").is_file(), load_run_dir)

@@ -30,8 +30,6 @@ def build_config(config: Optional[str], overrides: List[str], mode: Optional[str
 
 def _device_count() -> Optional[int]:
     """Accelerators visible to this process (None on CPU, where logical slots apply)."""
-    import os
-
     from mindspeed_asp.runtime.platform import current_platform
 
     plat = current_platform()
@@ -44,22 +42,18 @@ def _check_plan(cfg, path: str) -> None:
     """A given plan must have been built for this run's dataset (fingerprint), else stop before Ray."""
     if not cfg.asp.plan_path:
         return
-    from mindspeed_asp.errors import ConfigError, PlanMismatchError
-    from mindspeed_asp.runtime.demo_task import DemoTask
+    from mindspeed_asp.errors import ConfigError, InputError, PlanMismatchError
+    from mindspeed_asp.runtime.driver import task_and_prompts
     from mindspeed_asp.scheduler.plan import DispatchPlan
-    from mindspeed_asp.scheduler.types import PromptSet
 
-    import numpy as np
-
-    task = DemoTask(cfg.data.num_prompts, seed=cfg.data.seed, max_new_tokens=cfg.data.max_new_tokens)
-    prompts = task.prompts()
-    ps = PromptSet(prompt_ids=np.array([p[0] for p in prompts], dtype=object),
-                   prompt_lens=np.array([len(p[1]) for p in prompts], dtype=np.int64), n=cfg.data.n)
+    _, prompts = task_and_prompts(cfg)
     try:
-        DispatchPlan.load(cfg.asp.plan_path, prompts=ps)
-    except PlanMismatchError as exc:
-        raise ConfigError(f"plan {cfg.asp.plan_path} does not match this dataset: {exc}", path=path,
-                          key="asp.plan_path") from None
+        plan = DispatchPlan.load(cfg.asp.plan_path, prompts=prompts)
+    except (PlanMismatchError, InputError) as exc:
+        raise ConfigError(f"plan does not fit this run: {exc}", path=path, key="asp.plan_path") from None
+    if plan.instances != cfg.asp.instances:
+        raise ConfigError(f"plan {cfg.asp.plan_path} is for {plan.instances} instances, the run has "
+                          f"{cfg.asp.instances}", path=path, key="asp.plan_path")
 
 
 def handler(args: argparse.Namespace) -> int:

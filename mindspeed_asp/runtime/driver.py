@@ -96,11 +96,9 @@ class Driver:
         import ray
 
         from mindspeed_asp.runtime import ray_utils
-        from mindspeed_asp.runtime.demo_task import DemoTask
         from mindspeed_asp.runtime.platform import current_platform, platform_from_name
         from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
         from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
-        from mindspeed_asp.scheduler.types import PromptSet
 
         cfg = self.cfg
         self.platform = platform_from_name(cfg.run.platform) if cfg.run.platform else current_platform()
@@ -110,13 +108,10 @@ class Driver:
             self.model_path = cfg.model.path
             if not Path(self.model_path, "config.json").is_file():
                 raise RunError(f"model.path {self.model_path!r} is not an HF model directory (no config.json)")
-        self.task = DemoTask(cfg.data.num_prompts, seed=cfg.data.seed, max_new_tokens=cfg.data.max_new_tokens)
+        self.task, self.prompt_set = task_and_prompts(cfg)
         self.task.to_jsonl(self.out / "dataset.jsonl")
         self.prompt_list = self.task.prompts()
         self.P = len(self.prompt_list)
-        self.prompt_set = PromptSet(prompt_ids=np.array([p[0] for p in self.prompt_list], dtype=object),
-                                    prompt_lens=np.array([len(p[1]) for p in self.prompt_list], dtype=np.int64),
-                                    n=cfg.data.n, origin=str(self.out / "dataset.jsonl"))
         self.controller = LagController(self.max_lag, self.M)
         self.queue = SampleQueue(self.controller, stale_policy=cfg.asp.stale_policy)
         capacity = None if self.mode == "stock" else max(1, math.ceil(cfg.asp.slots / cfg.data.n)) + 1
@@ -125,6 +120,15 @@ class Driver:
         self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
                                     minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time)
         self.planner = None
+        self.plan_file = None
+        self.plan_iteration = 0
+        if self.mode == "asp" and cfg.asp.plan_path:
+            from mindspeed_asp.scheduler.plan import DispatchPlan
+
+            self.plan_file = DispatchPlan.load(cfg.asp.plan_path, prompts=self.prompt_set)
+            if self.plan_file.instances != cfg.asp.instances:
+                raise RunError(f"plan {cfg.asp.plan_path} is for {self.plan_file.instances} instances, "
+                               f"the run has asp.instances={cfg.asp.instances}")
         if self.mode == "asp":
             from mindspeed_asp.runtime.replan import WindowPlanner
 
@@ -285,6 +289,8 @@ class Driver:
             self._load(window)
 
     def _load(self, size: int) -> None:
+        if self.plan_file is not None and self.next_gid < self.P:
+            return self._load_from_plan_file()
         size = min(size, self._needed_groups() - self.next_gid)
         gids = list(range(self.next_gid, self.next_gid + size))
         self.next_gid += size
@@ -301,6 +307,27 @@ class Driver:
         else:
             caps = {g: float(self.prompt_list[g % self.P][2]) for g in gids}
             self.dispatcher.load_window([Ticket(g, caps[g]) for g in gids])
+        self.window_index += 1
+
+    def _load_from_plan_file(self) -> None:
+        """Epoch 0 of an asp run with `asp.plan_path`: the file's next iteration, queues as planned offline
+        (later epochs are re-planned from the observed lengths)."""
+        plan = self.plan_file
+        it = plan.iterations()[self.plan_iteration]
+        self.plan_iteration += 1
+        gids = [int(r) for r in plan.iteration_rows(it)]
+        queues = [[int(r) for r in plan.instance_rows(it, j)] for j in range(self.cfg.asp.instances)]
+        self.next_gid = max(self.next_gid, max(gids) + 1)
+        self.minibatch_tag = getattr(self, "minibatch_tag", {})
+        tickets = []
+        for g in gids:
+            self.infos[g] = _GroupInfo(g, 0, g, window=self.window_index)
+            pid = self.prompt_list[g][0]
+            self.minibatch_tag[g] = int(plan.minibatch_of(pid))
+            tickets.append(Ticket(g, float(plan.predicted(pid).get("pred_group_max", 1.0)) * self.cfg.data.n))
+        self.dispatcher.load_window(tickets, plan_queues=queues)
+        self.recorder.event("plan", window=self.window_index, groups=len(gids), with_history=-1,
+                            planner=f"file:{plan.path}")
         self.window_index += 1
 
     # ------------------------------------------------------------------ dispatch and polling
@@ -572,6 +599,19 @@ class Driver:
                 pass
         if hasattr(self, "recorder"):
             self.recorder.close()
+
+
+def task_and_prompts(cfg: RunConfig):
+    """The run's task and its PromptSet (the dataset a plan file must have been built for)."""
+    from mindspeed_asp.runtime.demo_task import DemoTask
+    from mindspeed_asp.scheduler.types import PromptSet
+
+    task = DemoTask(cfg.data.num_prompts, seed=cfg.data.seed, max_new_tokens=cfg.data.max_new_tokens)
+    prompts = task.prompts()
+    ps = PromptSet(prompt_ids=np.array([p[0] for p in prompts], dtype=object),
+                   prompt_lens=np.array([len(p[1]) for p in prompts], dtype=np.int64), n=cfg.data.n,
+                   origin=f"demo task (num_prompts={cfg.data.num_prompts}, seed={cfg.data.seed})")
+    return task, ps
 
 
 def run_training(cfg: RunConfig, out_dir: str | Path, progress: bool = True,
