@@ -228,3 +228,49 @@ def test_train_step_on_the_platform_device_matches_cpu(model_path):
     assert sorted(names) == sorted(n for n, _ in cpu.named_weights())
     assert float(dev.sequence_logprobs(PROMPT, GOOD).sum()) == pytest.approx(
         float(cpu.sequence_logprobs(PROMPT, GOOD).sum()), abs=1e-2)
+
+
+def test_temperature_is_applied_to_the_recomputed_logprobs(model_path):
+    t1 = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    t07 = GRPOTrainer(model_path, lr=1e-2, seed=0, temperature=0.7)
+    with torch.no_grad():
+        logits = t1.model(input_ids=torch.tensor([PROMPT + GOOD])).logits[0, len(PROMPT) - 1:-1]
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(GOOD)[:, None])[:, 0]
+    assert torch.allclose(t07.sequence_logprobs(PROMPT, GOOD), expected, atol=1e-6)
+    assert not torch.allclose(t1.sequence_logprobs(PROMPT, GOOD), expected, atol=1e-3)
+    with pytest.raises(ValueError, match="temperature"):
+        GRPOTrainer(model_path, temperature=0.0)
+
+
+@pytest.mark.slow
+def test_vllm_behaviour_logprobs_match_the_trainer(model_path, monkeypatch):
+    """The contract with the real engine: vLLM's sampled-token log-probs (processed, at temperature 0.7)
+    equal the trainer's recomputed ones, and a stopped sample ends with the EOS id, so on-policy data
+    trains with ratio 1 and the EOS token is learned."""
+    import gc
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model_path, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
+              kv_cache_memory_bytes=32 * 2**20, logprobs_mode="processed_logprobs", seed=0)
+    try:
+        params = SamplingParams(n=64, max_tokens=40, temperature=0.7, logprobs=0, stop_token_ids=[1], seed=0)
+        outs = llm.generate([{"prompt_token_ids": PROMPT}], params)[0].outputs
+    finally:
+        del llm
+        gc.collect()
+    tr = GRPOTrainer(model_path, lr=1e-3, seed=0, temperature=0.7)
+    samples = []
+    for c in outs:
+        lps = [float(entry[tok].logprob) for tok, entry in zip(c.token_ids, c.logprobs)]
+        mine = tr.sequence_logprobs(PROMPT, list(c.token_ids))
+        assert torch.allclose(mine, torch.tensor(lps), atol=2e-3), (c.token_ids, lps, mine.tolist())
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] == 1
+        samples.append(SampleResult(token_ids=list(c.token_ids), logprobs=lps, min_version=0, max_version=0,
+                                    finish_reason=c.finish_reason))
+    group = GroupResult(group_id="v", prompt_id="p0", instance=0, samples=samples, prompt_token_ids=PROMPT,
+                        t_enqueued=0.0, t_started=0.0, t_finished=0.0)
+    stats = tr.train_step([group], [[float(i % 2) for i in range(len(samples))]])
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-3) and abs(stats["mismatch_kl"]) < 1e-3

@@ -59,6 +59,8 @@ class GRPOTrainer:
     padded tokens (rows x longest row) per forward/backward; either, both or neither (one micro-batch).
     Gradients are accumulated with a token-mean over the whole minibatch, so the update does not depend on
     how the minibatch is cut. `sort_by_length` orders sequences by length before cutting (less padding).
+    `temperature` must be the rollout's sampling temperature: the engine reports log-probs of the tempered
+    distribution it sampled from (vLLM's "processed_logprobs"), so the trainer divides its logits by it too.
     """
 
     def __init__(self, model_path: str, lr: float = 1e-5, clip_eps: float = 0.2, kl_coef: float = 0.0,
@@ -66,7 +68,7 @@ class GRPOTrainer:
                  seed: int = 0, device: Optional[Union[str, torch.device]] = None,
                  max_grad_norm: Optional[float] = 1.0, clip_eps_high: Optional[float] = None,
                  weight_decay: float = 0.0, scale_adv_by_std: bool = True, sort_by_length: bool = True,
-                 dtype: str = "float32", missing_logprobs: str = "error") -> None:
+                 dtype: str = "float32", missing_logprobs: str = "error", temperature: float = 1.0) -> None:
         from transformers import AutoModelForCausalLM
 
         if lr <= 0:
@@ -77,6 +79,8 @@ class GRPOTrainer:
             raise ValueError("micro_batch_size must be >= 1")
         if micro_batch_tokens is not None and micro_batch_tokens < 1:
             raise ValueError("micro_batch_tokens must be >= 1")
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 (the rollout's sampling temperature)")
         if missing_logprobs not in ("error", "recompute"):
             raise ValueError("missing_logprobs must be 'error' or 'recompute'")
         self.model_path = str(model_path)
@@ -84,6 +88,7 @@ class GRPOTrainer:
         self.micro_batch_tokens, self.micro_batch_size = micro_batch_tokens, micro_batch_size
         self.max_grad_norm, self.scale_adv_by_std, self.sort_by_length = max_grad_norm, scale_adv_by_std, sort_by_length
         self.missing_logprobs = missing_logprobs
+        self.temperature = float(temperature)
         self.seed = seed
         self.device = torch.device(device if device is not None else default_torch_device())
         torch.manual_seed(seed)
@@ -124,7 +129,7 @@ class GRPOTrainer:
             padded_total, real_total = padded_total + padded, real_total + real
             pad_shares.append(padded / (padded + real))
             ids, attn, resp_mask, behaviour, has_behaviour, adv = self._tensors(batch)
-            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1] / self.temperature
             logp = grpo.token_logprobs(logits, ids[:, 1:])
             # Rows without engine log-probs (missing_logprobs="recompute") are treated as on-policy.
             behaviour = torch.where(has_behaviour[:, None], behaviour, logp.detach())
@@ -132,7 +137,7 @@ class GRPOTrainer:
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref_logits = self.ref_model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-                    ref_logp = grpo.token_logprobs(ref_logits, ids[:, 1:])
+                    ref_logp = grpo.token_logprobs(ref_logits / self.temperature, ids[:, 1:])
             loss_sum, st = grpo.grpo_token_loss(logp, behaviour, adv, resp_mask, self.clip_eps,
                                                 self.clip_eps_high, ref_logp, self.kl_coef)
             (loss_sum / n_resp).backward()
@@ -260,10 +265,10 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ inspection
     @torch.no_grad()
     def sequence_logprobs(self, prompt_token_ids: Sequence[int], response_token_ids: Sequence[int]) -> torch.Tensor:
-        """Current log-probs of each response token given the prompt (float32, on CPU)."""
+        """Current log-probs (at the sampling temperature) of each response token given the prompt, on CPU."""
         tokens = [int(t) for t in prompt_token_ids] + [int(t) for t in response_token_ids]
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        logits = self.model(input_ids=ids).logits[:, :-1]
+        logits = self.model(input_ids=ids).logits[:, :-1] / self.temperature
         logp = grpo.token_logprobs(logits, ids[:, 1:])[0]
         return logp[len(prompt_token_ids) - 1:].cpu()
 
