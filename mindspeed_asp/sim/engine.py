@@ -240,7 +240,7 @@ class Cluster:
         self.group_dispatch = np.full(G, np.nan)
         self.group_finish = np.full(G, np.nan)
         self.group_version = np.full(G, -1, dtype=np.int64)
-        self.group_left = np.full(G, n, dtype=np.int64)
+        self.group_left = [n] * G
         self.seq_start = np.full(G * n, np.nan)
         self.seq_finish = np.full(G * n, np.nan)
         self.seq_version = np.full(G * n, -1, dtype=np.int64)
@@ -351,7 +351,7 @@ class Cluster:
         raise NotImplementedError
 
     def unfinished_groups(self) -> int:
-        return int(np.count_nonzero(self.group_left > 0))
+        return sum(1 for x in self.group_left if x > 0)
 
     def trace(self) -> InstanceTrace:
         busy = np.array([ins.busy for ins in self.insts])
@@ -396,23 +396,33 @@ class Cluster:
         ins = self.insts[j]
         run = ins.running
         step = ins.step
+        clock = ins.clock
+        epoch, pl, ll = self.seq_epoch, self._pl, self._ll
+        left, nsamp = self.group_left, self.nsamp
+        reserve = self.kv_policy == "reserve"
+        pop = heapq.heappop
+        n, kv = ins.n, ins.kv
+        done = []
         while run and run[0][0] <= step:
-            _, sid, ep = heapq.heappop(run)
-            if ep != self.seq_epoch[sid]:
+            _, sid, ep = pop(run)
+            if ep != epoch[sid]:
                 continue
-            self.seq_epoch[sid] += 1  # no longer running
-            ins.n -= 1
-            final = self._pl[sid] + self._ll[sid]
-            ins.kv -= final
-            if self.kv_policy == "reserve":
+            epoch[sid] = ep + 1  # no longer running
+            n -= 1
+            final = pl[sid] + ll[sid]
+            kv -= final
+            if reserve:
                 ins.reserved -= final
-            self.seq_finish[sid] = ins.clock
-            g = sid // self.nsamp
-            self.group_left[g] -= 1
-            if self.group_left[g] == 0:
-                self.group_finish[g] = ins.clock
-                if self.on_group_done is not None:
-                    self.on_group_done(g, ins.clock)
+            self.seq_finish[sid] = clock
+            g = sid // nsamp
+            left[g] -= 1
+            if left[g] == 0:
+                done.append(g)
+        ins.n, ins.kv = n, kv
+        for g in done:
+            self.group_finish[g] = clock
+            if self.on_group_done is not None:
+                self.on_group_done(g, clock)
         if self.K < INF and self.kv_policy == "preempt" and ins.kv + ins.n > self.K:
             self._preempt(j)
 
@@ -438,88 +448,95 @@ class Cluster:
     def _admit_and_schedule(self, j: int) -> None:
         ins = self.insts[j]
         now = ins.clock
-        if now < ins.paused_until:
-            if ins.n == 0:
-                self._push_retry(j, ins.paused_until)
-                return
+        if now < ins.paused_until and ins.n == 0:
+            self._push_retry(j, ins.paused_until)
+            return
         B, K = self.B, self.K
+        bounded = K < INF
         reserve = self.kv_policy == "reserve"
         gate = self.gate
         q, head = ins.queue, ins.head
         nq = len(q)
-        while ins.n < B:
-            if ins.front:
-                sid = ins.front[-1]
+        pl, ll, epoch, admit_step = self._pl, self._ll, self.seq_epoch, self.seq_admit_step
+        running, front = ins.running, ins.front
+        push = heapq.heappush
+        step, version, nsamp = ins.step, self.version, self.nsamp
+        n, kv, prefill, ptr = ins.n, ins.kv, ins.prefill, ins.ptr
+        seq_start, seq_version = self.seq_start, self.seq_version
+        while n < B:
+            if front:
+                sid = front[-1]
                 prog = self.seq_progress[sid]
-                need = self._pl[sid] + prog
-                if K < INF and ins.kv + ins.n + need + 1 > K:
+                need = pl[sid] + prog
+                if bounded and kv + n + need + 1 > K:
                     break
-                ins.front.pop()
-                self.recompute[j] += need - self._pl[sid]
+                front.pop()
+                self.recompute[j] += prog
             else:
-                if ins.ptr >= nq:
+                if ptr >= nq:
                     break
-                sid = q[ins.ptr]
-                need = self._pl[sid]
-                if K < INF:
+                sid = q[ptr]
+                need = pl[sid]
+                if bounded:
                     if reserve:
-                        if ins.reserved + need + self._ll[sid] > K:
+                        if ins.reserved + need + ll[sid] > K:
                             break
-                    elif ins.kv + ins.n + need + 1 > K:
+                    elif kv + n + need + 1 > K:
                         break
-                if head[ins.ptr]:
-                    g = sid // self.nsamp
+                if head[ptr]:
+                    g = sid // nsamp
                     if gate is not None:
                         ans = gate(g, now)
                         if ans is not None:
-                            if ans == INF or ans <= now:
-                                ins.held = True
-                            else:
-                                ins.held = True
-                                if ins.n == 0:
+                            ins.held = True
+                            if ans != INF and ans > now:
+                                if n == 0:
+                                    ins.ptr = ptr
                                     self._push_retry(j, ans)
                                     return
                                 ins.retry_at = ans
                             break
                     self.group_dispatch[g] = now
-                    self.group_version[g] = self.version
-                ins.ptr += 1
+                    self.group_version[g] = version
+                ptr += 1
                 prog = 0
-                self.seq_start[sid] = now
-                self.seq_version[sid] = self.version
+                seq_start[sid] = now
+                seq_version[sid] = version
             # admit sid with `prog` tokens already generated
-            self.seq_epoch[sid] += 1  # odd = running
-            self.seq_admit_step[sid] = ins.step
-            ins.n += 1
-            ins.kv += need
-            ins.prefill += need
+            ep = epoch[sid] + 1  # odd = running
+            epoch[sid] = ep
+            admit_step[sid] = step
+            n += 1
+            kv += need
+            prefill += need
             if reserve:
-                ins.reserved += self._pl[sid] + self._ll[sid]
-            if K < INF:
+                ins.reserved += pl[sid] + ll[sid]
+            if bounded:
                 ins.admitted.append(sid)
-            heapq.heappush(ins.running, (ins.step + self._ll[sid] - prog, sid, self.seq_epoch[sid]))
-        if ins.kv > self.kv_peak[j]:
-            self.kv_peak[j] = int(ins.kv)
-        if ins.n == 0:
+            push(running, (step + ll[sid] - prog, sid, ep))
+        ins.n, ins.kv, ins.prefill, ins.ptr = n, kv, prefill, ptr
+        if kv > self.kv_peak[j]:
+            self.kv_peak[j] = int(kv)
+        if n == 0:
             ins.event_time = INF
             ins.event_step = -1
             ins.token += 1
             return
         # next event: the earliest finish, a KV overflow, or a pending gate retry
-        while ins.running and ins.running[0][2] != self.seq_epoch[ins.running[0][1]]:
-            heapq.heappop(ins.running)
-        ev = ins.running[0][0]
-        if K < INF and not reserve:
+        while running and running[0][2] != epoch[running[0][1]]:
+            heapq.heappop(running)
+        ev = running[0][0]
+        if bounded and not reserve:
             # overflow when kv + n*d + n > K, i.e. at the first d with d > (K - kv - n) / n
-            d_over = int(math.floor((K - ins.kv - ins.n) / ins.n)) + 1
-            ev = min(ev, ins.step + max(d_over, 1))
+            d_over = int(math.floor((K - kv - n) / n)) + 1
+            ev = min(ev, step + max(d_over, 1))
         if ins.retry_at < INF:
             rel = ins.retry_at - now
-            d = self.iv.steps_to_reach(ins.n, ins.kv, ins.prefill, rel) if rel > 0 else 1
-            ev = min(ev, ins.step + max(d, 1))
+            d = self.iv.steps_to_reach(n, kv, prefill, rel) if rel > 0 else 1
+            ev = min(ev, step + max(d, 1))
             ins.retry_at = INF
             ins.held = False
-        t = now + self.iv.interval(ins.n, ins.kv, ev - ins.step, ins.prefill) + ins.extra
+        t = now + self.iv.interval(n, kv, ev - step, prefill) + ins.extra
         self._push(j, t, ev)
 
 
