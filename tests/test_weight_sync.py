@@ -41,8 +41,9 @@ def cluster(model_dir):
     # small buckets so a round really spans several broadcasts
     sender = ws.WeightSyncSender(CPU, "127.0.0.1", 0, world_size=3, bucket_bytes=256 << 10, timeout_s=60)
     offsets = ws.init_weight_sync(sender, actors)
-    yield {"actors": actors, "sender": sender, "offsets": offsets}
-    sender.close()
+    state = {"actors": actors, "sender": sender, "offsets": offsets}
+    yield state
+    state["sender"].close()
     for a in actors:
         try:
             ray.get(a.shutdown.remote(), timeout=30)
@@ -182,6 +183,19 @@ def test_sync_lands_between_steps_of_inflight_requests(cluster, model_dir):
         assert smp.min_version == v_old and smp.max_version == v_old + 1
         cut = smp.token_versions.index(v_old + 1)
         assert 0 < cut < len(smp.token_ids) and set(smp.token_versions[cut:]) == {v_old + 1}
+
+
+def test_group_can_be_reformed(cluster, model_dir):
+    """A driver that lost an instance re-forms the group on a new port; the old group is closed."""
+    actors = cluster["actors"]
+    cluster["sender"].close()
+    sender = ws.WeightSyncSender(CPU, "127.0.0.1", 0, world_size=3, timeout_s=60)
+    assert ws.init_weight_sync(sender, actors) == [1, 2]
+    cluster["sender"] = sender
+    model = _perturbed(load_hf_model(model_dir), seed=9)
+    v = ray.get(actors[0].status.remote())["version"] + 1
+    assert ws.sync_weights(sender, actors, v, model.state_dict().items()).verified
+    assert [ray.get(a.status.remote())["version"] for a in actors] == [v, v]
 
 
 def test_round_with_nothing_raises(cluster):
