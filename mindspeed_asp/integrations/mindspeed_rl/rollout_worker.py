@@ -43,15 +43,20 @@ class GroupOutput:
     meta: Dict[str, Any] = field(default_factory=dict)
 
 
-def make_sampling_params(sampling: Dict[str, Any], n: int) -> Any:
-    """vLLM SamplingParams from MindSpeed-RL's `generate_config.sampling_config` (logprobs of the sampled token)."""
+def make_sampling_params(sampling: Dict[str, Any], seed: Optional[int] = None) -> Any:
+    """vLLM SamplingParams for one sample from MindSpeed-RL's `generate_config.sampling_config`.
+
+    One request per sample (n=1) rather than vLLM's n: engine-level fan-out of n differs between vLLM
+    releases, and per-sample requests keep each sample's log-probs and finish time. `logprobs=0` returns
+    the log-prob of the sampled token only.
+    """
     from vllm import SamplingParams
-    return SamplingParams(n=n, logprobs=0, max_tokens=int(sampling.get("max_tokens", 128)),
+    return SamplingParams(n=1, logprobs=0, max_tokens=int(sampling.get("max_tokens", 128)),
                           top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", -1)),
                           min_p=float(sampling.get("min_p", 0.0)),
                           temperature=float(sampling.get("temperature", 1.0)),
                           detokenize=False, ignore_eos=bool(sampling.get("ignore_eos", False)),
-                          seed=sampling.get("seed"))
+                          seed=seed)
 
 
 def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_path: str) -> Any:
@@ -80,6 +85,14 @@ def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_pat
     )
 
 
+def vllm_engine_factory(model_path: str, **engine_kwargs: Any) -> Any:
+    """A plain `vllm.LLM` (CPU and GPU tiers, tests): token-id prompts, no tokenizer."""
+    from vllm import LLM
+    kwargs = dict(skip_tokenizer_init=True, enforce_eager=True)
+    kwargs.update(engine_kwargs)
+    return LLM(model=model_path, **kwargs)
+
+
 class RolloutWorker:
     """Owns one vLLM engine (one TP rank of instance `instance`); driven step-wise by the rollout driver.
 
@@ -90,13 +103,15 @@ class RolloutWorker:
     def __init__(self, instance: int, tp_rank: int, n: int, sampling: Dict[str, Any],
                  engine_factory: Callable[[], Any]) -> None:
         self.instance, self.tp_rank, self.n = instance, tp_rank, n
-        self.params = make_sampling_params(sampling, n)
+        self.sampling = dict(sampling)
+        self.base_seed = sampling.get("seed")
         self.engine_obj = engine_factory()
         self.llm = getattr(self.engine_obj, "llm", self.engine_obj)
         self.engine = self.llm.llm_engine
         self.version = -1 if hasattr(self.engine_obj, "sync_model_weights") else 0
-        self.jobs: Dict[str, GroupJob] = {}
-        self.started: Dict[str, float] = {}
+        self.jobs: Dict[int, GroupJob] = {}
+        self.started: Dict[int, float] = {}
+        self.samples: Dict[int, Dict[int, Any]] = {}  # gid -> sample index -> finished completion
         self.busy_time = 0.0
         self.decode_steps = 0
         self.generated_tokens = 0
@@ -113,30 +128,45 @@ class RolloutWorker:
         if not self._kv_ready:
             self.engine_obj.init_cache_engine()  # once; the KV cache stays resident between calls
             self._kv_ready = True
+        from vllm import SamplingParams  # noqa: F401  (fail early off-engine)
         now = time.monotonic()
         for job in new_jobs:
-            rid = f"g{job.gid}"
-            self.jobs[rid] = job
-            self.started[rid] = now
-            self.engine.add_request(rid, {"prompt_token_ids": list(job.prompt_token_ids)}, self.params)
+            self.jobs[job.gid] = job
+            self.started[job.gid] = now
+            self.samples[job.gid] = {}
+            prompt = {"prompt_token_ids": list(job.prompt_token_ids)}
+            for i in range(self.n):
+                seed = None if self.base_seed is None else int(self.base_seed) + job.gid * self.n + i
+                self.engine.add_request(f"g{job.gid}_s{i}", prompt, make_sampling_params(self.sampling, seed))
         done: List[GroupOutput] = []
         t0 = time.monotonic()
+        stepped = False
         for _ in range(max(1, steps)):
             if not self.engine.has_unfinished_requests():
                 break
             outputs = self.engine.step()
+            stepped = True
             self.decode_steps += 1
             for out in outputs:
-                if out.finished and out.request_id in self.jobs:
-                    done.append(self._collect(out))
-        self.busy_time += time.monotonic() - t0 if self.jobs or done else 0.0
+                if not out.finished:
+                    continue
+                gid_s, _, idx = out.request_id.rpartition("_s")
+                gid = int(gid_s[1:])
+                if gid in self.samples:
+                    self.samples[gid][int(idx)] = out.outputs[0]
+                    if len(self.samples[gid]) == self.n:
+                        done.append(self._collect(gid))
+        if stepped:
+            self.busy_time += time.monotonic() - t0
         return done
 
-    def _collect(self, out: Any) -> GroupOutput:
-        job = self.jobs.pop(out.request_id)
-        start = self.started.pop(out.request_id)
+    def _collect(self, gid: int) -> GroupOutput:
+        job = self.jobs.pop(gid)
+        start = self.started.pop(gid)
+        completions = self.samples.pop(gid)
         responses, logprobs = [], []
-        for c in out.outputs:
+        for i in range(self.n):
+            c = completions[i]
             ids = list(c.token_ids)
             responses.append(ids)
             lp = []

