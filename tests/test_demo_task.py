@@ -90,3 +90,24 @@ def test_reward_rises_and_lengths_move_under_grpo(tmp_path):
     assert last > first + 0.08, rewards_per_step
     assert np.mean(stop_share[-3:]) > np.mean(stop_share[:3]) + 0.2, stop_share
     assert np.mean(mean_len[-3:]) < 0.8 * np.mean(mean_len[:3]), mean_len
+
+
+def test_hf_sampler_respects_eos_and_caps_and_reports_true_logprobs(tmp_path):
+    torch.set_num_threads(1)
+    path = ensure_tiny_model(str(tmp_path / "tiny"), seed=0)
+    tr = GRPOTrainer(path, lr=1e-3, seed=0, temperature=1.3)
+    task = DemoTask(4, seed=4)
+    prompts = task.prompts()
+    groups = sample_groups(tr.model, prompts, n=8, eos_token_id=1, version=7, temperature=1.3, seed=0)
+    assert [g.prompt_id for g in groups] == [p[0] for p in prompts]
+    assert len({g.group_id for g in groups}) == len(groups)
+    for g, (_, toks, cap) in zip(groups, prompts):
+        assert g.prompt_token_ids == toks and len(g.samples) == 8
+        for s in g.samples:
+            assert 1 <= len(s.token_ids) <= cap and s.min_version == s.max_version == 7
+            if s.finish_reason == "stop":
+                assert s.token_ids[-1] == 1 and 1 not in s.token_ids[:-1]
+            else:
+                assert s.finish_reason == "length" and len(s.token_ids) == cap and 1 not in s.token_ids
+            mine = tr.sequence_logprobs(toks, s.token_ids)
+            assert torch.allclose(mine, torch.tensor(s.logprobs), atol=1e-4)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 PREFER = ("oldest", "plan_tag")
 STALE_POLICIES = ("drop", "regenerate")
