@@ -16,14 +16,19 @@ import numpy as np
 from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.fluid import GroupMoments, group_moments, instance_times, rollout_lower_bound
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
-from mindspeed_asp.scheduler.types import Assignment, PlanningProblem
+from mindspeed_asp.scheduler.types import Assignment, LengthEstimate, PlanningProblem
 
-THETA_GRID = (0.35, 0.5, 0.7)
-EPS_GRID = (0.0, 0.1, 0.2, 0.4)
+LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
+THETA_GRID = (0.5, 0.7, LPT_BALANCE)
+EPS_GRID = (0.0, 0.3)
+RULES = ("curve", "random", "long_first")
 DEFAULT_THETA = 0.5
-DEFAULT_EPS = 0.1
-SCENARIOS = 6
-SELECT_MAX_SAMPLES = 40_000  # groups*n above which (theta, eps) keep their defaults (speed target)
+DEFAULT_RULE = "curve"
+DEFAULT_EPS = 0.2
+SCENARIOS = 6  # fluid evaluator (no simulator installed)
+SIM_SCENARIOS = 2  # event simulator: each scenario is one full simulation per candidate
+SIM_MAX_LAG = 1  # bounded lag assumed while scoring (the asp: section's default max_lag)
+SELECT_GROUPS = 256  # windows above this are scored on a subsample of this many groups
 
 
 def effective_eps(eps_base: float, rho: float) -> float:
@@ -37,14 +42,19 @@ def effective_eps(eps_base: float, rho: float) -> float:
 
 
 def place_tails(gm: GroupMoments, problem: PlanningProblem, theta: float) -> Tuple[np.ndarray, np.ndarray]:
-    """Indices of predicted tail groups and their LPT instances (by predicted solo time)."""
+    """Indices of predicted tail groups and their LPT instances.
+
+    A group is a tail when its predicted group max, run at the loaded instance's mean step time
+    t_step = R_LB / S (S = predicted decode steps per instance, total area / (m B)), would take more than
+    theta * R_LB, i.e. gmax > theta * S: such a group alone fills a large share of an instance's horizon, so
+    two of them on one instance, or one started late, set the makespan. LPT on their work spreads them,
+    the first m on distinct instances.
+    """
     m = problem.instances
-    r_lb = rollout_lower_bound(gm, m, problem.cost)
-    solo = problem.cost.solo_time(gm.gmax, gm.prompt_len)
-    tail = np.flatnonzero(solo > theta * r_lb) if r_lb > 0 else np.zeros(0, dtype=np.int64)
+    steps = float(gm.area.sum()) / (m * problem.spec.slots)
+    tail = np.flatnonzero(gm.gmax > theta * steps) if steps > 0 else np.zeros(0, dtype=np.int64)
     if len(tail) == 0:
         return tail, np.zeros(0, dtype=np.int64)
-    # LPT on the tail's work: the first m tail groups land on distinct instances (all loads start at 0).
     owner = partition.lpt_assign(gm.work[tail], m)
     return tail, owner
 
@@ -54,12 +64,22 @@ def balance(gm: GroupMoments, problem: PlanningProblem, theta: float) -> Tuple[n
     m = problem.instances
     G = len(gm.work)
     owner = np.full(G, -1, dtype=np.int64)
+    if theta < 0:  # LPT_BALANCE: every group by LPT on its work (spreads long groups evenly by count)
+        owner = partition.lpt_assign(gm.work, m)
+        tail = np.zeros(0, dtype=np.int64)
+        return _improve(owner, gm, problem, {"n_tail": 0.0})
     tail, tail_owner = place_tails(gm, problem, theta)
     owner[tail] = tail_owner
     base = np.bincount(tail_owner, weights=gm.work[tail], minlength=m) if len(tail) else None
     rest = np.flatnonzero(owner < 0)
     if len(rest):
         owner[rest] = partition.karmarkar_karp(gm.work[rest], m, base_loads=base)
+    return _improve(owner, gm, problem, {"n_tail": float(len(tail))})
+
+
+def _improve(owner: np.ndarray, gm: GroupMoments, problem: PlanningProblem, info: Dict[str, float]
+             ) -> Tuple[np.ndarray, Dict[str, float]]:
+    """Move/swap local search on the fluid instance time."""
     B = problem.spec.slots
     cost = problem.cost
 
@@ -70,8 +90,10 @@ def balance(gm: GroupMoments, problem: PlanningProblem, theta: float) -> Tuple[n
         return float(cost.a * steps + cost.b * gm.area[members].sum() + cost.c * gm.kv[members].sum()
                      + cost.p * gm.prefill[members].sum())
 
-    owner, moves = partition.improve_by_moves(owner, part_time, gm.work, m)
-    return owner, {"n_tail": float(len(tail)), "local_moves": float(moves)}
+    owner, moves = partition.improve_by_moves(owner, part_time, gm.work, problem.instances)
+    info = dict(info)
+    info["local_moves"] = float(moves)
+    return owner, info
 
 
 def order_instance(members: np.ndarray, gm: GroupMoments, slots: int, eps: float) -> Tuple[np.ndarray, np.ndarray]:
@@ -178,52 +200,143 @@ def build_candidate(problem: PlanningProblem, gm: GroupMoments, owner: np.ndarra
     return Assignment(orders=orders, minibatch=tags, planner=name, params=params)
 
 
+def _selection_problem(problem: PlanningProblem, rng: np.random.Generator) -> PlanningProblem:
+    """The window itself, or a random subsample of SELECT_GROUPS groups on proportionally fewer instances.
+
+    The subsample keeps groups per instance, slots, and the number of minibatches per window, so the
+    ranking of (theta, order rule, eps) carries over while the search costs the same for any window size.
+    """
+    G = len(problem.prompts)
+    if G <= SELECT_GROUPS:
+        return problem
+    rows = np.sort(rng.choice(G, SELECT_GROUPS, replace=False))
+    frac = SELECT_GROUPS / G
+    est = problem.estimate
+    sub_est = LengthEstimate(median=est.median[rows], group_max=est.group_max[rows], sigma=est.sigma[rows],
+                             p_trunc=est.p_trunc[rows], has_history=est.has_history[rows],
+                             estimator=est.estimator, params=est.params,
+                             samples=None if est.samples is None else est.samples[rows])
+    return PlanningProblem(prompts=problem.prompts.subset(rows), estimate=sub_est,
+                           instances=max(1, int(round(problem.instances * frac))), spec=problem.spec,
+                           minibatch=max(1, int(round(problem.minibatch * frac))), cost=problem.cost,
+                           max_new_tokens=problem.max_new_tokens, rho=problem.rho, seed=problem.seed)
+
+
+def _simulator():
+    """Engineer C's event simulator (`mindspeed_asp.sim`), or None when it cannot be imported."""
+    try:
+        from mindspeed_asp.sim.pipeline import simulate_pipeline
+        from mindspeed_asp.sim.trainer import TrainerModel
+    except ImportError:
+        return None
+    return simulate_pipeline, TrainerModel
+
+
+def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Generator,
+           lengths: Optional[np.ndarray] = None) -> Tuple[List[Tuple[float, float, float]], float, int, np.ndarray]:
+    """(mean e2e, p90 e2e, mean rollout) of every candidate over sampled length scenarios.
+
+    With the event simulator: streaming trainer with bounded lag SIM_MAX_LAG, alpha set so that training
+    the window takes rho times its predicted rollout bound. Without it: the fluid model (scenarios.py).
+    Returns the scores, the evaluator code (2 = simulator, 1 = fluid), the number of scenarios and the
+    scenarios (pass them back to score more candidates on the same draws).
+    """
+    gm = group_moments(problem)
+    r_hat = rollout_lower_bound(gm, problem.instances, problem.cost)
+    train_total = float(problem.rho) * r_hat
+    sim = _simulator()
+    k = SIM_SCENARIOS if sim is not None else SCENARIOS
+    if lengths is None:
+        lengths = scenarios.sample_scenarios(problem, k, rng)
+    if sim is None:
+        out = []
+        for cand in cands:
+            res = scenarios.evaluate(problem, cand.orders, lengths, train_total)
+            out.append((res.objective(), float(np.percentile(res.e2e, 90)), float(res.rollout.mean())))
+        return out, 1.0, lengths.shape[0], lengths
+    simulate_pipeline, TrainerModel = sim
+    plen = np.asarray(problem.prompts.prompt_lens, dtype=np.float64)
+    tokens = float((lengths.sum(axis=2) + problem.prompts.n * plen[None, :]).sum(axis=1).mean())
+    trainer = TrainerModel(alpha=train_total / max(tokens, 1e-12), overhead=0.0, minibatch=problem.minibatch)
+    out = []
+    for cand in cands:
+        e2e, rollout = [], []
+        for scen in lengths:
+            res = simulate_pipeline(problem, cand, scen, mode="stream", max_lag=SIM_MAX_LAG, trainer=trainer,
+                                    with_bounds=False)
+            e2e.append(res.metrics["time/iteration"])
+            rollout.append(res.metrics["time/rollout"])
+        out.append((float(np.mean(e2e)), float(np.percentile(e2e, 90)), float(np.mean(rollout))))
+    return out, 2.0, lengths.shape[0], lengths
+
+
 def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "asp",
              theta_grid: Optional[Sequence[float]] = None, eps_grid: Optional[Sequence[float]] = None,
-             scenarios_k: int = SCENARIOS, rules: Optional[Sequence[str]] = None) -> Assignment:
+             rules: Optional[Sequence[str]] = None) -> Assignment:
     """Plan one window with BLT.
 
-    Candidates: every (theta, eps) of the grid with the laxity/curve order, plus the two reference orders
-    (random, long-first) on the same balanced assignment; the winner has the least mean end-to-end time
-    over `scenarios_k` length scenarios. Windows above SELECT_MAX_SAMPLES samples keep the defaults. Giving
-    `eps_grid` restricts the search to the curve order with those eps values; `rules` names the order rules
-    to try ("curve", "random", "long_first"; eps applies to "curve" only).
+    Candidates: every theta of the grid x every order rule ("curve" with each eps of the grid, "random",
+    "long_first") on the balanced assignment of that theta. They are scored on the window, or on a random
+    subsample of SELECT_GROUPS groups when the window is larger (`_selection_problem`), by simulating sampled
+    length scenarios; the winner's (theta, rule, eps) then plans the whole window. Grids of one value each
+    skip the search.
     """
     gm = group_moments(problem)
     G = len(gm.work)
-    n = problem.prompts.n
-    select = G * n <= SELECT_MAX_SAMPLES and G > problem.instances
-    thetas = tuple(theta_grid) if theta_grid is not None else (THETA_GRID if select else (DEFAULT_THETA,))
-    epss = tuple(eps_grid) if eps_grid is not None else (EPS_GRID if select else (DEFAULT_EPS,))
-    balanced: Dict[bytes, Tuple[np.ndarray, Dict[str, float]]] = {}
-    candidates: List[Assignment] = []
-    for theta in thetas:
-        tail, _ = place_tails(gm, problem, theta)
-        key = tail.tobytes()
-        if key in balanced:  # thetas that select the same tail set give the same balance
-            continue
-        balanced[key] = balance(gm, problem, theta)
-        owner, info = balanced[key]
-        use = tuple(rules) if rules is not None else (("curve", "random", "long_first") if select and
-                                                      eps_grid is None else ("curve",))
-        for rule in use:
-            for eps_base in (epss if rule == "curve" else (0.0,)):
-                candidates.append(build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng))
-    if len(candidates) == 1:
-        best = candidates[0]
-        best.params["scenarios"] = 0.0  # defaults kept: no selection on this window
+    thetas = tuple(theta_grid) if theta_grid is not None else THETA_GRID
+    epss = tuple(eps_grid) if eps_grid is not None else EPS_GRID
+    use = tuple(rules) if rules is not None else RULES
+    n_cands = len(thetas) * (len(epss) * ("curve" in use) + sum(r != "curve" for r in use))
+    if n_cands <= 1 or G <= problem.instances:
+        choice = (thetas[0] if theta_grid is not None else DEFAULT_THETA,
+                  use[0] if rules is not None else DEFAULT_RULE,
+                  epss[0] if eps_grid is not None else DEFAULT_EPS)
+        info_sel = {"selection": 0.0, "scenarios": 0.0}
     else:
-        lengths = scenarios.sample_scenarios(problem, scenarios_k, rng)
-        r_hat = rollout_lower_bound(gm, problem.instances, problem.cost)
-        train_total = float(problem.rho) * r_hat
-        scores = []
-        for cand in candidates:
-            res = scenarios.evaluate(problem, cand.orders, lengths, train_total)
-            scores.append((res.objective(), float(np.percentile(res.e2e, 90)), float(res.rollout.mean())))
-        k = int(np.argmin([sc[0] for sc in scores]))
-        best = candidates[k]
-        best.params.update({"scenarios": float(lengths.shape[0]), "candidates": float(len(candidates)),
-                            "pred_e2e_mean": scores[k][0], "pred_e2e_p90": scores[k][1],
-                            "pred_rollout_mean": scores[k][2]})
-    best.validate(G)
-    return best
+        sel = _selection_problem(problem, rng)
+        sgm = group_moments(sel)
+        lengths = None
+        balanced: Dict[float, Tuple[np.ndarray, Dict[str, float]]] = {}
+        tails_seen: Dict[bytes, float] = {}
+        for theta in thetas:  # thetas that select the same tail set give the same balance
+            key = place_tails(sgm, sel, theta)[0].tobytes() if theta >= 0 else b"lpt"
+            if key not in tails_seen:
+                tails_seen[key] = theta
+                balanced[theta] = balance(sgm, sel, theta)
+        # Stage 1: the balance, each with the first order rule; stage 2: the order rules on the winner.
+        first_rule = "long_first" if "long_first" in use else use[0]
+        stage1 = [(theta, first_rule, epss[0] if first_rule == "curve" else 0.0) for theta in balanced]
+        cands, keys, scores = [], [], []
+        how, k = 0.0, 0
+
+        def score(new_keys):
+            nonlocal lengths, how, k
+            new = [build_candidate(sel, sgm, balanced[t][0], balanced[t][1], t, r, e, name, rng)
+                   for t, r, e in new_keys]
+            sc, how, k, lengths = _score(sel, new, rng, lengths)
+            cands.extend(new)
+            keys.extend(new_keys)
+            scores.extend(sc)
+
+        score(stage1)
+        best_theta = keys[int(np.argmin([sc[0] for sc in scores]))][0]
+        stage2 = [(best_theta, r, e) for r in use for e in (epss if r == "curve" else (0.0,))
+                  if (best_theta, r, e) not in keys]
+        if stage2:
+            score(stage2)
+        best = int(np.argmin([sc[0] for sc in scores]))
+        choice = keys[best]
+        info_sel = {"selection": how, "scenarios": float(k), "candidates": float(len(cands)),
+                    "selection_groups": float(len(sel.prompts)), "pred_e2e_mean": scores[best][0],
+                    "pred_e2e_p90": scores[best][1], "pred_rollout_mean": scores[best][2]}
+        if sel is problem:
+            a = cands[best]
+            a.params.update(info_sel)
+            a.validate(G)
+            return a
+    theta, rule, eps_base = choice
+    owner, info = balance(gm, problem, theta)
+    a = build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng)
+    a.params.update(info_sel)
+    a.validate(G)
+    return a

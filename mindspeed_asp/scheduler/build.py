@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -162,7 +162,31 @@ def estimate_lengths(prompts: PromptSet, history, max_new_tokens: int, planner: 
     if needs_oracle(planner):
         section = section.model_copy(update={"kind": "oracle"})
     estimator = make_estimator(section, true_lengths=true_lengths)
-    return estimator.estimate(prompts, history, int(max_new_tokens))
+    est = estimator.estimate(prompts, history, int(max_new_tokens))
+    if est.samples is None and history is not None and "pred_log_error" not in est.params:
+        tau = prediction_log_error(history, prompts)
+        if tau is not None:
+            est = replace(est, params={**est.params, "pred_log_error": tau})
+    return est
+
+
+def prediction_log_error(history, prompts: PromptSet, min_prompts: int = 16) -> Optional[float]:
+    """How far a prompt's median log-length moves between the history's last two epochs (standard deviation).
+
+    The planner's scenarios use it as the uncertainty of each predicted median (scenarios.py); None when
+    fewer than two epochs or `min_prompts` prompts with both epochs are known.
+    """
+    epochs = history.epochs() if len(history) else []
+    if len(epochs) < 2:
+        return None
+    ids = [str(p) for p in prompts.prompt_ids]
+    last = history.epoch_matrix(ids, epochs[-1], prompts.n).astype(np.float64)
+    prev = history.epoch_matrix(ids, epochs[-2], prompts.n).astype(np.float64)
+    ok = (last > 0).all(axis=1) & (prev > 0).all(axis=1)
+    if ok.sum() < min_prompts:
+        return None
+    d = np.log(np.median(last[ok], axis=1)) - np.log(np.median(prev[ok], axis=1))
+    return float(d.std())
 
 
 def plan_epoch(prompts: PromptSet, history, *, planner: str = "asp", estimator_section=None,

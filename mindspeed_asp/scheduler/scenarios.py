@@ -17,10 +17,18 @@ import numpy as np
 from mindspeed_asp.scheduler.types import PlanningProblem
 
 
+# Log-scale error of a predicted median when the estimate does not carry a measured one in
+# `params["pred_log_error"]` (build.estimate_lengths measures it from the history's last two epochs):
+# between the Alpaca trace's ~0.35 (scheduling_theory.md 2.1) and drifting RL lengths (~0.55 on the synthetic
+# workload); cold-start predictions are far looser.
+PRED_LOG_ERROR_HISTORY = 0.5
+PRED_LOG_ERROR_COLD = 0.8
+
+
 def sample_scenarios(problem: PlanningProblem, k: int, rng: np.random.Generator) -> np.ndarray:
-    """K length scenarios [K, G, n] drawn from the estimate (lognormal around the median with sigma,
-    clipped at max_new_tokens); an estimate that carries per-sample lengths (the oracle) gives that one
-    scenario only."""
+    """K length scenarios [K, G, n] drawn from the estimate: per group a log-normal error of the predicted
+    median (PRED_LOG_ERROR_*), per sample the within-group spread sigma, clipped at max_new_tokens. An
+    estimate that carries per-sample lengths (the oracle) gives that one scenario only."""
     est = problem.estimate
     n = problem.prompts.n
     cap = float(problem.max_new_tokens)
@@ -28,8 +36,13 @@ def sample_scenarios(problem: PlanningProblem, k: int, rng: np.random.Generator)
         return np.minimum(np.asarray(est.samples, dtype=np.float64), cap)[None]
     med = np.maximum(np.asarray(est.median, dtype=np.float64), 1.0)
     sig = np.nan_to_num(np.asarray(est.sigma, dtype=np.float64), nan=0.0)
+    has = np.asarray(est.has_history, dtype=bool)
+    # The median itself is uncertain (prediction error, drift): a per-group log offset shared by its samples.
+    tau_hist = float(est.params.get("pred_log_error", PRED_LOG_ERROR_HISTORY))
+    tau = np.where(has, tau_hist, max(tau_hist, PRED_LOG_ERROR_COLD))
+    shift = tau[None, :, None] * rng.standard_normal((k, len(med), 1))
     z = rng.standard_normal((k, len(med), n))
-    return np.clip(np.rint(med[None, :, None] * np.exp(sig[None, :, None] * z)), 1.0, cap)
+    return np.clip(np.rint(med[None, :, None] * np.exp(shift + sig[None, :, None] * z)), 1.0, cap)
 
 
 @dataclass
