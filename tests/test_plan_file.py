@@ -162,3 +162,27 @@ def test_baseline_plan_is_untagged_and_stock_is_contiguous(tmp_path):
     assert back.instance_queue(0, 0) == [f"id-{i}" for i in range(4)]
     assert back.instance_queue(0, 2) == [f"id-{i}" for i in range(8, 12)]
     assert back.minibatch_of("id-5") == -1
+
+
+def test_estimate_lengths_measures_prediction_error_and_windows_reuse_the_search():
+    from mindspeed_asp.scheduler.build import estimate_lengths, prediction_log_error
+    from mindspeed_asp.scheduler.history import LengthHistory
+
+    rng = np.random.default_rng(0)
+    G, n = 64, 4
+    prompts = PromptSet(prompt_ids=np.array([f"h{i}" for i in range(G)], dtype=object),
+                        prompt_lens=np.full(G, 20), n=n)
+    base = rng.lognormal(5, 0.8, G)
+    hist = LengthHistory()
+    moved = base * np.exp(rng.normal(0, 0.4, G))  # epoch 1 medians moved by ~0.4 in log
+    hist.add_epoch(prompts.prompt_ids, 0, np.rint(np.repeat(base[:, None], n, 1)).astype(int))
+    hist.add_epoch(prompts.prompt_ids, 1, np.rint(np.repeat(moved[:, None], n, 1)).astype(int))
+    tau = prediction_log_error(hist, prompts)
+    assert 0.3 < tau < 0.5
+    est = estimate_lengths(prompts, hist, 4096)
+    assert est.params["pred_log_error"] == pytest.approx(tau)
+    res = build_plan(prompts, est, instances=2, slots=8, minibatch=2, max_new_tokens=4096,
+                     groups_per_iteration=8, reselect_every=4)
+    params = res.plan.header["planner_params"]
+    assert "reused_from" not in params[0] and params[1]["reused_from"] == 0.0 and params[5]["reused_from"] == 4.0
+    assert params[1]["theta"] == params[0]["theta"] and params[1]["order_rule"] == params[0]["order_rule"]

@@ -253,3 +253,32 @@ def test_cost_model_drives_the_work_estimate():
                                max_new_tokens=p.max_new_tokens)
     w1, w2 = group_moments(p).work, group_moments(heavy_kv).work
     assert not np.allclose(w1 / w1.sum(), w2 / w2.sum())
+
+
+def test_selection_scores_candidates_with_the_event_simulator_on_a_subsample():
+    pytest.importorskip("mindspeed_asp.sim.pipeline")
+    from mindspeed_asp.scheduler.asp_planner import SELECT_GROUPS
+
+    small = get_planner("asp")(make_problem(120, m=4, minibatch=8), np.random.default_rng(0))
+    assert small.params["selection"] == 2.0 and small.params["selection_groups"] == 120
+    assert small.params["candidates"] >= 4
+    big = get_planner("asp")(make_problem(SELECT_GROUPS * 3, m=6, minibatch=8), np.random.default_rng(0))
+    assert big.params["selection_groups"] == SELECT_GROUPS
+    big.validate(SELECT_GROUPS * 3)
+
+
+def test_scenarios_use_the_measured_prediction_error():
+    p = make_problem(400)
+    wide = PlanningProblem(prompts=p.prompts, estimate=LengthEstimate(
+        median=p.estimate.median, group_max=p.estimate.group_max, sigma=np.zeros(400), p_trunc=p.estimate.p_trunc,
+        has_history=p.estimate.has_history, estimator="history", params={"pred_log_error": 1.0}),
+        instances=4, spec=p.spec, minibatch=4, cost=p.cost, max_new_tokens=p.max_new_tokens)
+    narrow = PlanningProblem(prompts=p.prompts, estimate=LengthEstimate(
+        median=p.estimate.median, group_max=p.estimate.group_max, sigma=np.zeros(400), p_trunc=p.estimate.p_trunc,
+        has_history=p.estimate.has_history, estimator="history", params={"pred_log_error": 0.1}),
+        instances=4, spec=p.spec, minibatch=4, cost=p.cost, max_new_tokens=p.max_new_tokens)
+    spread = [np.log(scenarios.sample_scenarios(q, 4, np.random.default_rng(0))[..., 0]
+                     / q.estimate.median[None]).std() for q in (wide, narrow)]
+    assert 0.8 < spread[0] < 1.2 and spread[1] < 0.2
+    oracle = make_problem(30, oracle=True)
+    assert scenarios.sample_scenarios(oracle, 5, np.random.default_rng(0)).shape == (1, 30, 8)

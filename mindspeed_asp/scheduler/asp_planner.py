@@ -28,7 +28,7 @@ DEFAULT_EPS = 0.2
 SCENARIOS = 6  # fluid evaluator (no simulator installed)
 SIM_SCENARIOS = 2  # event simulator: each scenario is one full simulation per candidate
 SIM_MAX_LAG = 1  # bounded lag assumed while scoring (the asp: section's default max_lag)
-SELECT_GROUPS = 256  # windows above this are scored on a subsample of this many groups
+SELECT_GROUPS = 200  # windows above this are scored on a subsample of this many groups
 
 
 def effective_eps(eps_base: float, rho: float) -> float:
