@@ -113,6 +113,8 @@ class RolloutInstanceImpl:
         self._error: Optional[str] = None
         self._eos: Optional[int] = None
         self._vocab_size = 0
+        self._prefix_caching = False
+        self._prefix_reset_pending = False
         self._req_counter = 0
         self._stats = {"finished_total": 0, "busy_seconds": 0.0, "steps": 0, "generated_tokens": 0,
                        "stolen_in": 0, "stolen_out": 0, "weight_syncs": 0, "weight_sync_seconds": 0.0}
@@ -135,6 +137,9 @@ class RolloutInstanceImpl:
         extra = dict(cfg.extra)
         extra.setdefault("logprobs_mode", "processed_logprobs")
         extra.setdefault("disable_log_stats", True)
+        # Off by default: after a weight update, cached prompt blocks would hold KV computed by the old
+        # weights, and vLLM can only drop them once no running request uses them (see receive_weights).
+        extra.setdefault("enable_prefix_caching", False)
         try:
             args = EngineArgs(
                 model=cfg.model_path,
@@ -154,12 +159,27 @@ class RolloutInstanceImpl:
         self._engine = LLMEngine.from_engine_args(args)
         self._eos = model_eos_token_id(cfg.model_path)
         self._vocab_size = int(getattr(self._engine.model_config, "get_vocab_size", lambda: 0)() or 0)
+        self._prefix_caching = bool(extra["enable_prefix_caching"])
+        t_warm = time.perf_counter()
+        self._warmup()
+        warmup_seconds = time.perf_counter() - t_warm
         self._thread = threading.Thread(target=self._loop, name=f"asp-instance-{self.index}", daemon=True)
         self._thread.start()
         self._start_info = {"index": self.index, "pid": os.getpid(), "platform": self.platform.kind,
                             "start_seconds": time.perf_counter() - t0, "slots": cfg.slots,
-                            "eos_token_id": self._eos, "workers": cfg.tensor_parallel_size}
+                            "eos_token_id": self._eos, "workers": cfg.tensor_parallel_size,
+                            "warmup_seconds": warmup_seconds}
         return self._start_info
+
+    def _warmup(self) -> None:
+        """Run one short request before serving: the first engine steps pay one-off kernel set-up costs
+        (seconds on CPU) that would otherwise stall the first real groups and the first weight sync."""
+        from vllm import SamplingParams
+
+        self._engine.add_request("asp-warmup", {"prompt_token_ids": [2, 3, 4, 5]},
+                                 SamplingParams(max_tokens=4, ignore_eos=True, logprobs=0, seed=0))
+        while self._engine.has_unfinished_requests():
+            self._engine.step()
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -227,6 +247,7 @@ class RolloutInstanceImpl:
             return dict(self._stats, index=self.index, queued=len(self._queue),
                         running_groups=len(self._running), running_seqs=self._running_seqs,
                         version=self._version, paused=self._paused, error=self._error,
+                        prefix_reset_pending=self._prefix_reset_pending,
                         started=self._engine is not None)
 
     # -------------------------------------------------------------------------------------- weights
@@ -253,7 +274,7 @@ class RolloutInstanceImpl:
             t_locked = time.perf_counter()
             reps = self._engine.collective_rpc("asp_receive_weights",
                                                args=(int(version), list(manifest), int(bucket_bytes)))
-            reset = self._engine.reset_prefix_cache()
+            reset = self._reset_prefix_cache()
             self._version = int(version)
         dt = time.perf_counter() - t0
         with self._lock:
@@ -261,6 +282,20 @@ class RolloutInstanceImpl:
             self._stats["weight_sync_seconds"] += dt
         return {"index": self.index, "version": int(version), "seconds": dt,
                 "wait_for_step_seconds": t_locked - t0, "prefix_cache_reset": reset, "workers": reps}
+
+    def _reset_prefix_cache(self) -> bool:
+        """Drop cached prompt blocks after an update (caller holds the engine lock).
+
+        vLLM refuses while running requests hold blocks; the reset is then retried before every
+        admission until it succeeds, and `status()["prefix_reset_pending"]` says so. Until then a new
+        request may reuse a prompt block computed by the previous weights (only with prefix caching on).
+        """
+        if not self._prefix_caching:
+            self._prefix_reset_pending = False
+            return True
+        ok = bool(self._engine.reset_prefix_cache())
+        self._prefix_reset_pending = not ok
+        return ok
 
     def weights_checksum(self) -> Dict[str, float]:
         self._require_engine()
@@ -293,6 +328,9 @@ class RolloutInstanceImpl:
 
     def _admit(self) -> None:
         """Move queued groups into the engine while it runs fewer than `slots` sequences."""
+        if self._prefix_reset_pending:
+            with self._engine_lock:
+                self._reset_prefix_cache()
         while True:
             with self._lock:
                 if self._paused or not self._queue or self._running_seqs >= self.config.slots:
