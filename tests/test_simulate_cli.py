@@ -37,7 +37,7 @@ def test_simulate_writes_table_json_and_plots(tmp_path, capsys):
     assert data["runs"]["stock@stock"][0]["mode"] == "stock"
     assert all(r["metrics"]["time/rollout"] >= r["bounds"]["rollout/R_LB"] for rs in data["runs"].values()
                for r in rs)
-    for png in ("gantt.png", "queue_occupancy.png", "bubbles.png"):
+    for png in ("gantt.png", "queue_occupancy.png", "bubbles.png", "lag_histogram.png"):
         assert (out / png).stat().st_size > 5000
 
 

@@ -1,7 +1,8 @@
 """`asp simulate`: compare planners side by side in the event-driven pipeline simulator.
 
-Prints one table (mean over seeds), writes `simulate.json` and three PNGs (instance Gantt chart, queue
-occupancy, bubble breakdown) into --out. Heavy imports stay inside the handler so `asp --help` is fast.
+Prints one table (mean over seeds), writes `simulate.json` and four PNGs (instance Gantt chart, queue
+occupancy, bubble breakdown, lag histogram) into --out. Heavy imports stay inside the handler so
+`asp --help` is fast.
 """
 from __future__ import annotations
 
@@ -112,5 +113,6 @@ def handle(args: argparse.Namespace) -> int:
         files.append(plots.gantt(first[:6], out / "gantt.png"))
         files.append(plots.queue_occupancy(first, args.minibatch, out / "queue_occupancy.png"))
         files.append(plots.bubble_breakdown(rows, out / "bubbles.png"))
+        files.append(plots.lag_histogram(first, args.max_lag, out / "lag_histogram.png"))
     print("wrote " + ", ".join(str(f) for f in files))
     return 0 if all(np.isfinite(r["time/iteration"]) for r in rows.values()) else 1

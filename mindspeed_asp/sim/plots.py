@@ -109,3 +109,26 @@ def bubble_breakdown(rows: Dict[str, Dict[str, float]], path: str | Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def lag_histogram(results: Sequence, max_lag: int, path: str | Path) -> Path:
+    """Per run, the share of trained samples at each policy lag, with the bound marked."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    top = max([int(r.lags.max()) if len(r.lags) else 0 for r in results] + [max_lag])
+    bins = np.arange(top + 2) - 0.5
+    width = 0.8 / max(1, len(results))
+    for i, r in enumerate(results):
+        counts, _ = np.histogram(r.lags, bins=bins)
+        share = counts / max(1, counts.sum())
+        ax.bar(np.arange(top + 1) + (i - (len(results) - 1) / 2) * width, share, width,
+               label=f"{r.planner} ({r.mode})")
+    ax.axvline(max_lag + 0.5, color="crimson", ls="--", lw=1, label=f"max_lag = {max_lag}")
+    ax.set_xlabel("policy lag of a trained sample (updates)")
+    ax.set_ylabel("share of samples")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
