@@ -288,9 +288,15 @@ def loader_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
 # tests/contract/test_patch_targets.py.
 DATA_PATCHES = [
     ("mindspeed_rl.trainer.utils.transfer_dock.put_prompts_experience", put_prompts_experience_wrapper),
-    ("mindspeed_rl.trainer.utils.data_strategy.DataStrategy.build_grpo", build_grpo_wrapper),
-    ("mindspeed_rl.trainer.utils.data_strategy.DataStrategy.build_dapo", build_dapo_wrapper),
-    ("mindspeed_rl.workers.base_worker.BaseWorker.get_dp_range_indexes", get_dp_range_indexes_wrapper),
     ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__iter__", prompt_loader_iter_wrapper),
     ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__init__", loader_init_wrapper),
+]
+# TransferDock columns (data_strategy imports torchvision through its multimodal dock).
+DOCK_PATCHES = [
+    ("mindspeed_rl.trainer.utils.data_strategy.DataStrategy.build_grpo", build_grpo_wrapper),
+    ("mindspeed_rl.trainer.utils.data_strategy.DataStrategy.build_dapo", build_dapo_wrapper),
+]
+# Instance -> rows. Kept apart because `base_worker` imports the NPU stack (torch_npu, vllm_ascend).
+ROW_PATCHES = [
+    ("mindspeed_rl.workers.base_worker.BaseWorker.get_dp_range_indexes", get_dp_range_indexes_wrapper),
 ]
