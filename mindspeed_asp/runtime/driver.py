@@ -103,7 +103,7 @@ class Driver:
         cfg = self.cfg
         self.platform = platform_from_name(cfg.run.platform) if cfg.run.platform else current_platform()
         if cfg.model.tiny:
-            self.model_path = ensure_tiny_model(cfg.model.path, seed=cfg.run.seed)
+            self.model_path = ensure_tiny_model(cfg.model.path, seed=cfg.model.init_seed)
         else:
             self.model_path = cfg.model.path
             if not Path(self.model_path, "config.json").is_file():
@@ -172,18 +172,26 @@ class Driver:
             time.sleep(POLL_S)
 
     def _sample_memory(self) -> None:
-        """Peak resident memory of the driver (trainer) plus every instance process, sampled per step."""
+        """Peak resident memory of the run: the driver (trainer) plus every instance process and its
+        children, each process counted once (Ray's own daemons are not counted), sampled per update."""
         try:
             import psutil
         except ImportError:
             return
-        total = 0
-        for pid in [os.getpid()] + self.instance_pids:
+        procs = {}
+        for pid in self.instance_pids:
             try:
-                proc = psutil.Process(pid)
-                total += proc.memory_info().rss
-                total += sum(c.memory_info().rss for c in proc.children(recursive=True))
+                p = psutil.Process(pid)
+                procs[p.pid] = p
+                procs.update({c.pid: c for c in p.children(recursive=True)})
             except Exception:  # noqa: BLE001 - a process that just died
+                continue
+        procs[os.getpid()] = psutil.Process(os.getpid())
+        total = 0
+        for p in procs.values():
+            try:
+                total += p.memory_info().rss
+            except Exception:  # noqa: BLE001
                 continue
         self.peak_rss = max(self.peak_rss, total / (1 << 30))
 

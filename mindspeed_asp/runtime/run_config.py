@@ -28,6 +28,7 @@ class ModelSection(Strict):
 
     path: str = Field("runs/tiny_model", description="HF model directory; created when tiny=true and absent")
     tiny: bool = Field(True, description="build the random-initialised tiny Qwen2 model at `path` if missing")
+    init_seed: int = Field(0, description="seed of the tiny model's random weights (fixed across run seeds)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = Field(512, ge=16)
     memory_fraction: float = Field(0.05, gt=0.0, le=1.0, description="vLLM gpu_memory_utilization")
