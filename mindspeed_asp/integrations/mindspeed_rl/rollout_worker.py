@@ -59,12 +59,25 @@ def make_sampling_params(sampling: Dict[str, Any], seed: Optional[int] = None) -
                           seed=seed)
 
 
+def bind_npu() -> int:
+    """Select this actor's NPU the way MindSpeed-RL's BaseRayWorker does: from Ray's accelerator ids
+    (runtime_env sets RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES, so every device stays visible)."""
+    import ray
+    import torch
+    import torch_npu  # noqa: F401  (registers torch.npu)
+    local = int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0])
+    os.environ["LOCAL_RANK"] = str(local)
+    torch.npu.set_device(local)  # type: ignore[attr-defined]
+    return local
+
+
 def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_path: str) -> Any:
     """MindSpeed-RL's VLLMInferEngine without Megatron parallel state (train sizes None), megatron load format.
 
     It loads dummy weights, installs MindSpeed-RL's megatron weight loaders and vllm-ascend's patches; the
     real weights arrive with the first sync (version 0).
     """
+    bind_npu()
     from mindspeed_rl.models.rollout.vllm_engine import VLLMInferEngine  # NPU nodes only
     g = generate_config
     return VLLMInferEngine(
@@ -217,6 +230,6 @@ def rollout_actor_class(num_npus_per_worker: float = 1.0) -> Any:
 
 def instance_env(instance: int, tp_rank: int, tp: int, master_addr: str, master_port: int) -> Dict[str, str]:
     """torch.distributed env of one instance's SPMD world (vLLM's external_launcher reads it)."""
-    return {"WORLD_SIZE": str(tp), "RANK": str(tp_rank), "LOCAL_RANK": "0", "MASTER_ADDR": master_addr,
+    return {"WORLD_SIZE": str(tp), "RANK": str(tp_rank), "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port), "ASP_ROLLOUT_INSTANCE": str(instance),
             "VLLM_ASCEND_ENABLE_NZ": os.environ.get("VLLM_ASCEND_ENABLE_NZ", "0")}
