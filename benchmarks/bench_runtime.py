@@ -105,6 +105,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="run config (default: packaged tiny_cpu.yaml)")
     ap.add_argument("--seeds", default="0,1,2", help="seeds for the convergence comparison")
     ap.add_argument("--skip-sim", action="store_true")
+    ap.add_argument("--analyze-only", action="store_true",
+                    help="recompute the results from the run directories already under --out")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = ap.parse_args(argv)
     from scipy.stats import ks_2samp
@@ -118,10 +120,15 @@ def main(argv: List[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     base = list(args.overrides)
     t0 = time.time()
-    ray_utils.start_local_ray(num_cpus=8, object_store_mb=512, env=QUIET_ENV)
     runs: Dict[str, Dict[str, Any]] = {}
+    if args.analyze_only:
+        for d in sorted(out.iterdir()):
+            if (d / "summary.json").is_file():
+                runs[d.name] = dict(json.loads((d / "summary.json").read_text()), name=d.name)
+    else:
+        ray_utils.start_local_ray(num_cpus=8, object_store_mb=512, env=QUIET_ENV)
     try:
-        for seed in seeds:
+        for seed in ([] if args.analyze_only else seeds):
             sd = [f"run.seed={seed}", f"data.seed={seed}"]
             runs[f"stock_s{seed}"] = run_one(f"stock_s{seed}", out, base + sd + ["asp.mode=stock"], args.config)
             runs[f"asp_lag1_s{seed}"] = run_one(f"asp_lag1_s{seed}", out,
@@ -132,7 +139,8 @@ def main(argv: List[str] | None = None) -> int:
             runs[f"asp_lag2_s{seed}"] = run_one(f"asp_lag2_s{seed}", out,
                                                 base + sd + ["asp.mode=asp", "asp.max_lag=2"], args.config)
     finally:
-        ray_utils.stop_local_ray()
+        if not args.analyze_only:
+            ray_utils.stop_local_ray()
 
     s0 = seeds[0]
     order = [f"stock_s{s0}", f"async_lag1_s{s0}", f"asp_lag1_s{s0}", f"asp_lag2_s{s0}"]
