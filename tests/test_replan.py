@@ -1,0 +1,38 @@
+"""Adaptivity without vLLM: observed lengths -> history + rollout log -> the next window's plan."""
+from __future__ import annotations
+
+import numpy as np
+
+from mindspeed_asp.config import AspSection
+from mindspeed_asp.runtime.replan import WindowPlanner
+from mindspeed_asp.scheduler.history import LengthHistory
+from mindspeed_asp.scheduler.types import PromptSet
+
+
+def prompts(P=16, n=4):
+    return PromptSet(prompt_ids=np.array([f"p{i}" for i in range(P)], dtype=object),
+                     prompt_lens=np.full(P, 6, dtype=np.int64), n=n)
+
+
+def test_next_window_uses_observed_lengths(tmp_path):
+    ps = prompts()
+    log = tmp_path / "rollout_log.jsonl"
+    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4), ps, max_new_tokens=200, instances=2,
+                       rollout_log=log)
+    first = wp.plan(list(range(16)))
+    assert first.with_history == 0
+    assert sorted(g for q in first.queues for g in q) == list(range(16))
+    # epoch 0: prompt i produced lengths around 10 * (i + 1)
+    for i in range(16):
+        wp.observe(f"p{i}", 0, [10 * (i + 1)] * 4)
+    second = wp.plan(list(range(16, 32)))  # epoch 1 of the same prompts
+    assert second.with_history == 16
+    pred = np.array([second.predicted_tokens[16 + i] for i in range(16)])
+    assert np.all(np.diff(pred) > 0)  # predictions follow the observed ordering
+    loads = [sum(second.predicted_tokens[g] for g in q) for q in second.queues]
+    assert max(loads) / min(loads) < 1.5  # balanced on predicted work, not on counts
+    assert set(second.minibatch) == set(range(16, 32))
+    # the rollout log is what LengthHistory.append_rollout_log reads
+    h = LengthHistory()
+    assert h.append_rollout_log(log) == 16
+    assert h.latest_epoch() == 0
