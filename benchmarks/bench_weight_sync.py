@@ -63,10 +63,12 @@ def main(argv=None) -> int:
                     time.sleep(0.5)
                 version = len(rows) + 1
                 stats = ws.sync_weights(sender, actors, version, model.state_dict().items())
-                rows.append({"busy": busy, "version": version, "seconds": stats.seconds, "bytes": stats.bytes,
+                rows.append({"busy": busy, "version": version, "seconds": stats.seconds,
+                             "send_seconds": stats.send_seconds, "bytes": stats.bytes,
                              "buckets": stats.buckets, "instance_seconds": stats.instance_seconds,
                              "verified": stats.verified})
-                print(f"round {version} ({'busy' if busy else 'idle'}): {stats.seconds * 1e3:.1f} ms trainer, "
+                print(f"round {version} ({'busy' if busy else 'idle'}): {stats.seconds * 1e3:.1f} ms round, "
+                      f"{stats.send_seconds * 1e3:.1f} ms broadcast, "
                       f"{max(stats.instance_seconds) * 1e3:.1f} ms slowest instance, {stats.bytes / 1e6:.2f} MB, "
                       f"verified={stats.verified}", file=sys.stderr)
             if busy:

@@ -264,6 +264,7 @@ class SyncStats:
     checksums: Dict[str, float] = field(default_factory=dict)
     instance_seconds: List[float] = field(default_factory=list)
     verified: bool = False
+    send_seconds: float = 0.0  # the trainer's broadcasts alone; `seconds` is the whole round
 
     def as_metrics(self) -> Dict[str, float]:
         return {"time/weight_sync": self.seconds, "weight_sync/bytes": float(self.bytes),
@@ -326,8 +327,9 @@ class WeightSyncSender:
         r, self._round = self._round, None
         if r["bytes"] == 0:
             raise WeightSyncError(f"weight sync round for version {r['version']} moved no bytes")
+        dt = time.perf_counter() - r["t0"]
         stats = SyncStats(version=r["version"], tensors=len(r["checksums"]), bytes=r["bytes"],
-                          buckets=r["buckets"], seconds=time.perf_counter() - r["t0"], checksums=r["checksums"])
+                          buckets=r["buckets"], seconds=dt, checksums=r["checksums"], send_seconds=dt)
         self.history.append(stats)
         return stats
 
@@ -394,6 +396,7 @@ def sync_weights(sender: WeightSyncSender, instances: Sequence[Any], version: in
     the trainer broadcasts; afterwards every instance's checksums of what it received and loaded must
     equal the trainer's, and the instance's version becomes `version`.
     """
+    t0 = time.perf_counter()
     pairs = [(n, t.detach()) for n, t in named_tensors]
     manifest = make_manifest(pairs)
     if not manifest:
@@ -415,6 +418,8 @@ def sync_weights(sender: WeightSyncSender, instances: Sequence[Any], version: in
                                       f"{' ...' if len(bad) > 5 else ''}")
         stats.instance_seconds.append(float(rep.get("seconds", 0.0)))
     stats.verified = True
+    stats.send_seconds = stats.seconds
+    stats.seconds = time.perf_counter() - t0  # what the trainer waited: send, load everywhere, verify
     return stats
 
 
