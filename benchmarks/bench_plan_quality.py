@@ -82,6 +82,10 @@ def main() -> None:
             rows[name] = {**vals, "rollout_vs_stock": rel_r, "e2e_vs_stock": rel_e}
             print(f"{name:>15} {vals['rollout']:>10.1f} {rel_r:>8.3f} {vals['rollout_above_pct']:>8.1f} "
                   f"{vals['skewness']:>6.3f} {vals['first_minibatch']:>9.1f} {vals['e2e']:>9.1f} {rel_e:>8.3f}")
+        asp_vs_lpt = float(np.mean([r["asp"]["e2e"] / r["lpt"]["e2e"] for r in runs]))
+        oracle = float(np.mean([r["oracle_asp"]["e2e"] / r["oracle_lpt"]["e2e"] for r in runs]))
+        print(f"  per-seed mean e2e ratio: asp/lpt {asp_vs_lpt:.3f}, oracle_asp/oracle_lpt {oracle:.3f}")
+        rows["_ratios"] = {"asp_vs_lpt": asp_vs_lpt, "oracle_asp_vs_oracle_lpt": oracle}
         report[str(rho)] = rows
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
