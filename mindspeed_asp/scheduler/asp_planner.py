@@ -19,7 +19,8 @@ from mindspeed_asp.scheduler.tagging import stratified_minibatches
 from mindspeed_asp.scheduler.types import Assignment, LengthEstimate, PlanningProblem
 
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
-THETA_GRID = (0.5, 0.7, LPT_BALANCE)
+DEAL_BALANCE = -2.0  # theta value meaning "longest first, dealt round-robin" (equal counts, even tails)
+THETA_GRID = (0.5, 0.7, LPT_BALANCE, DEAL_BALANCE)
 EPS_GRID = (0.0, 0.3)
 RULES = ("curve", "random", "long_first")
 DEFAULT_THETA = 0.5
@@ -64,9 +65,12 @@ def balance(gm: GroupMoments, problem: PlanningProblem, theta: float) -> Tuple[n
     m = problem.instances
     G = len(gm.work)
     owner = np.full(G, -1, dtype=np.int64)
+    if theta == DEAL_BALANCE:  # groups by predicted group max, longest first, dealt round-robin
+        owner = np.empty(G, dtype=np.int64)
+        owner[np.argsort(-gm.gmax, kind="stable")] = np.arange(G) % m
+        return _improve(owner, gm, problem, {"n_tail": 0.0})
     if theta < 0:  # LPT_BALANCE: every group by LPT on its work (spreads long groups evenly by count)
         owner = partition.lpt_assign(gm.work, m)
-        tail = np.zeros(0, dtype=np.int64)
         return _improve(owner, gm, problem, {"n_tail": 0.0})
     tail, tail_owner = place_tails(gm, problem, theta)
     owner[tail] = tail_owner
@@ -299,7 +303,7 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
         balanced: Dict[float, Tuple[np.ndarray, Dict[str, float]]] = {}
         tails_seen: Dict[bytes, float] = {}
         for theta in thetas:  # thetas that select the same tail set give the same balance
-            key = place_tails(sgm, sel, theta)[0].tobytes() if theta >= 0 else b"lpt"
+            key = place_tails(sgm, sel, theta)[0].tobytes() if theta >= 0 else str(theta).encode()
             if key not in tails_seen:
                 tails_seen[key] = theta
                 balanced[theta] = balance(sgm, sel, theta)
