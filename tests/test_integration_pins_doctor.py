@@ -78,3 +78,15 @@ def test_hccl_env_flags_nz_layout(monkeypatch):
     assert c.status == dc.WARN and "VLLM_ASCEND_ENABLE_NZ" in c.found
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "0")
     assert dc.check_hccl_env("npu").status == dc.OK
+
+
+def test_doctor_checks_a_config(capsys, tmp_path):
+    from pathlib import Path
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "qwen25_32b_A3_asp.yaml"
+    c = dc.check_config(str(cfg), "npu")
+    assert c.status == dc.OK and "16 train NPUs + 16 rollout NPUs = 32" in c.found
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(cfg.read_text().replace("minibatch_groups: 64", "minibatch_groups: 3"))
+    rc = main(["doctor", "--target", "cpu", "--config", str(bad)])
+    out = capsys.readouterr().out
+    assert rc == 1 and "asp.minibatch_groups" in out

@@ -11,13 +11,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Check this node for running ASP on a target; exit 1 when not ready.")
     p.add_argument("--target", choices=("cpu", "gpu", "npu"), default="cpu",
                    help="platform tier to check for (default: cpu)")
+    p.add_argument("--config", default=None,
+                   help="also check an ASP MindSpeed-RL YAML (configs/*_asp.yaml) and the NPUs it needs")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=handler)
 
 
 def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.integrations.mindspeed_rl.doctor_checks import as_dicts, ready, run_checks
-    checks = run_checks(args.target)
+    checks = run_checks(args.target, config=args.config)
     ok = ready(checks)
     if args.json:
         print(json.dumps({"target": args.target, "ready": ok, "checks": as_dicts(checks)}, indent=2))

@@ -187,7 +187,21 @@ def check_ray(target: str) -> Check:
     return Check("ray", OK, v)
 
 
-def check_ray_resources(target: str) -> Check:
+def check_config(path: str, target: str) -> Check:
+    """An ASP MindSpeed-RL YAML: its asp: section, its agreement with MindSpeed-RL's sections, its NPU split."""
+    from mindspeed_asp.errors import ConfigError
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology
+    try:
+        t = load_topology(path)
+    except ConfigError as exc:
+        return Check("config", FAIL, str(exc), "fix the named key")
+    where = (f"{t.instances} instances x TP{t.infer_tp}" if t.separate_pool else
+             f"{t.instances} colocated engines" + (" (plan-ordered)" if t.colocated_plan else ""))
+    return Check("config", OK, f"mode {t.asp.mode}, max_lag {t.asp.max_lag}: {t.train_npus} train NPUs + "
+                 f"{t.rollout_npus} rollout NPUs = {t.total_npus}; rollout on {where}")
+
+
+def check_ray_resources(target: str, need: int = 0) -> Check:
     """Resources of a running Ray cluster (only when one is reachable; never starts one)."""
     if not os.environ.get("RAY_ADDRESS") and not Path("/tmp/ray/ray_current_cluster").exists():
         return Check("ray cluster", SKIP, "no running cluster found", "")
@@ -203,7 +217,11 @@ def check_ray_resources(target: str) -> Check:
     if have <= 0:
         return Check("ray cluster", FAIL, f"no {key} resource ({res})",
                      f"ray start ... --resources='{{\"{key}\": <devices per node>}}'" if key == "NPU" else "")
-    return Check("ray cluster", OK, f"{key}={have:g}, CPU={res.get('CPU', 0):g}, nodes={int(res.get('node', 0)) or '?'}")
+    found = f"{key}={have:g}, CPU={res.get('CPU', 0):g}"
+    if need and have < need:
+        return Check("ray cluster", FAIL, found + f"; the config needs {need} {key}s",
+                     "start more nodes, or use a config for this cluster size")
+    return Check("ray cluster", OK, found)
 
 
 def check_cpu_vllm_conflicts(target: str) -> Check:
@@ -246,15 +264,26 @@ CHECKS: List[Callable[[str], Check]] = [
 ]
 
 
-def run_checks(target: str, checks: Optional[List[Callable[[str], Check]]] = None) -> List[Check]:
+def run_checks(target: str, checks: Optional[List[Callable[[str], Check]]] = None,
+               config: Optional[str] = None) -> List[Check]:
+    """All checks for `target`; with `config` (an ASP MindSpeed-RL YAML) also the config and its NPU need."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}")
+    need = 0
+    if config:
+        try:
+            from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology
+            need = load_topology(config).total_npus if target == "npu" else 0
+        except Exception:
+            need = 0
     out = []
     for fn in checks or CHECKS:
         try:
-            out.append(fn(target))
+            out.append(fn(target, need) if fn is check_ray_resources else fn(target))
         except Exception as exc:  # a check must never crash the doctor
             out.append(Check(fn.__name__.replace("check_", ""), FAIL, f"check crashed: {exc!r}", ""))
+    if config:
+        out.append(check_config(config, target))
     return out
 
 
