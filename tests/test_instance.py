@@ -128,7 +128,7 @@ def test_continuous_batching_across_submits(inst):
 
 def test_steal_returns_only_unstarted_groups(inst):
     ray.get(inst.pause.remote())
-    running = [_group(f"run{i}", n=4, tokens=200, seed=i) for i in range(2)]  # 2 x 4 = all 8 slots
+    running = [_group(f"run{i}", n=4, tokens=500, seed=i) for i in range(2)]  # 2 x 4 = all 8 slots
     ray.get(inst.submit.remote(running))
     assert ray.get(inst.status.remote())["queued"] == 2  # paused: nothing admitted
     ray.get(inst.resume.remote())
