@@ -23,7 +23,6 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 from mindspeed_asp.config import EstimatorSection  # noqa: E402
 from mindspeed_asp.scheduler.build import build_plan, estimate_lengths  # noqa: E402

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindspeed_asp.scheduler import partition, scenarios
-from mindspeed_asp.scheduler.fluid import GroupMoments, group_moments, instance_times, rollout_lower_bound
+from mindspeed_asp.scheduler.fluid import GroupMoments, group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
 from mindspeed_asp.scheduler.types import Assignment, LengthEstimate, PlanningProblem
 
