@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="generation cap (default: the longest length in the history)")
-    p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c, p)")
+    p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c[, p])")
     p.add_argument("--rho", type=float, default=None, help="trainer work / rollout time (default 1.0)")
     p.add_argument("--kv-budget", type=int, default=None, help="KV budget per instance, tokens")
     p.add_argument("--estimator", default=None, choices=("history", "cold_start"),
@@ -55,33 +55,10 @@ def _positive(value: Optional[int], flag: str) -> None:
 
 
 def read_cost(path: str):
-    """CostModel from a JSON file with a, b, c[, p] at the top level or under "cost"."""
-    from mindspeed_asp.errors import InputError
-    from mindspeed_asp.scheduler.types import CostModel
+    """CostModel from the JSON `asp fit-cost` writes (keys a, b, c[, p, source]); errors name file and key."""
+    from mindspeed_asp.sim.cost_fit import load_cost_json
 
-    fpath = Path(path)
-    if not fpath.is_file():
-        raise InputError("cost file not found", path=path)
-    try:
-        data = json.loads(fpath.read_text())
-    except ValueError as exc:
-        raise InputError(f"invalid JSON: {exc}", path=path) from None
-    if isinstance(data, dict) and isinstance(data.get("cost"), dict):
-        data = data["cost"]
-    if not isinstance(data, dict):
-        raise InputError("expected a JSON object with keys a, b, c", path=path)
-    vals: Dict[str, float] = {}
-    for key in ("a", "b", "c", "p"):
-        if key not in data:
-            if key == "p":
-                vals[key] = 0.0
-                continue
-            raise InputError("missing cost coefficient", path=path, key=key)
-        v = data[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise InputError(f"must be a non-negative number, got {v!r}", path=path, key=key)
-        vals[key] = float(v)
-    return CostModel(source=str(path), **vals)
+    return load_cost_json(path)
 
 
 def _truth_matrix(path: str, epoch: Optional[int], prompts):
