@@ -159,3 +159,28 @@ def test_plan_on_the_alpaca_trace(tmp_path, capsys):
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["iterations"] == 4 and s["with_history"] == 2000 and s["max_new_tokens"] == 512
     assert s["pred_max_over_mean_worst"] < 1.05  # balanced by predicted work
+
+
+def test_config_section_supplies_defaults_and_flags_win(tmp_path):
+    data, hist = write_inputs(tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("asp:\n  instances: 3\n  slots: 8\n  minibatch_groups: 2\n  planner: lpt\n"
+                   "  cost: {a: 0.002, b: 0.0, c: 0.0, p: 0.0}\n")
+    out = tmp_path / "plan.parquet"
+    args = ["plan", "--dataset", str(data), "--history", str(hist), "--config", str(cfg), "--n", "4",
+            "--no-progress", "-o", str(out)]
+    assert main(args) == 0
+    h = load_plan(out).header
+    assert (h["instances"], h["slots"], h["minibatch_groups"], h["planner"]) == (3, 8, 2, "lpt")
+    assert h["cost"]["a"] == 0.002 and str(cfg) in h["cost"]["source"]
+    assert main(args + ["--instances", "2", "--planner", "stock"]) == 0
+    h = load_plan(out).header
+    assert (h["instances"], h["planner"]) == (2, "stock")
+
+
+def test_unknown_config_key_is_named(tmp_path, capsys):
+    data, hist = write_inputs(tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("asp:\n  instances: 3\n  slotz: 8\n")
+    err = run_error(capsys, ["plan", "--dataset", str(data), "--config", str(cfg), "-o", str(tmp_path / "p.jsonl")])
+    assert str(cfg) in err and "asp.slotz" in err
