@@ -124,3 +124,27 @@ def test_tiny_model_refuses_foreign_dir_and_bad_shape(tmp_path):
         ensure_tiny_model(str(tmp_path / "y"), head_dim=16)
     with pytest.raises(ValueError, match="unknown"):
         ensure_tiny_model(str(tmp_path / "y"), layers=3)
+
+
+def test_tiny_model_concurrent_creation(tmp_path):
+    """Two writers racing on one directory both end with the same complete model."""
+    pytest.importorskip("transformers")
+    import threading
+
+    results, errors = [], []
+
+    def make():
+        try:
+            results.append(ensure_tiny_model(str(tmp_path / "race"), seed=1))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(results)) == 1
+    assert sorted(p.name for p in (tmp_path / "race").iterdir()) == [
+        "asp_tiny_model.json", "config.json", "generation_config.json", "model.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]

@@ -10,8 +10,11 @@ Ids 0 (bos/pad) and 1 (eos) are reserved; a task may use ids 2..vocab_size-1.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -55,6 +58,14 @@ def ensure_tiny_model(path: Optional[str] = None, seed: int = 0, **shape: Any) -
         raise ValueError("head_dim must be >= 32 (vLLM's CPU attention supports 32, 64, 80, ...)")
     target = Path(path) if path else default_cache_dir()
     wanted = {"seed": seed, "shape": spec, "format": 1}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One writer at a time (tests, the demo and instances may ask at once); the others then reuse it.
+    with open(target.parent / (target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_locked(target, wanted, spec, seed)
+
+
+def _ensure_locked(target: Path, wanted: Dict[str, Any], spec: Dict[str, Any], seed: int) -> str:
     marker = target / _MARKER
     if marker.exists():
         try:
@@ -77,18 +88,22 @@ def ensure_tiny_model(path: Optional[str] = None, seed: int = 0, **shape: Any) -
         torch_dtype="float32",
         **spec,
     )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG state
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
     target.mkdir(parents=True, exist_ok=True)
-    # Write to a temp dir and rename, so two processes racing here never see a half-written model.
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp, safe_serialization=True)
-    GenerationConfig(bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID,
-                     pad_token_id=BOS_TOKEN_ID).save_pretrained(tmp)
-    (tmp / _MARKER).write_text(json.dumps(wanted))
-    for item in tmp.iterdir():
-        os.replace(item, target / item.name)
-    tmp.rmdir()
+    # Write to a private temp dir, then move the files in with the marker last: a directory with a
+    # marker is always complete.
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=str(target.parent)))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        GenerationConfig(bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID,
+                         pad_token_id=BOS_TOKEN_ID).save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps(wanted))
+        for item in sorted(tmp.iterdir(), key=lambda p: p.name == _MARKER):
+            os.replace(item, target / item.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
 
 
