@@ -122,3 +122,50 @@ def test_ray_workers_applied_the_patches_through_the_setup_hook(env):
 
     patched, llm_imported = ray.get(probe.remote())
     assert patched and not llm_imported
+
+
+def test_async_trainer_rows_are_what_msrl_stages_read(env):
+    """The async trainer writes finished groups with `put_groups`; MindSpeed-RL's reward and update stages
+    read them back from the real TransferDock by their own column names."""
+    import torch
+    ray = env["ray"]
+    from mindspeed_rl.trainer.utils import transfer_dock as td_mod
+    from mindspeed_rl.utils.metrics import Metric
+    from mindspeed_asp.integrations.mindspeed_rl.async_trainer import put_groups
+    from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
+        ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB, build_grpo_wrapper)
+    from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import GroupOutput
+
+    def builder(self, prompts_num, n_samples_per_prompt, metrics, max_age, gbs_train, addition_columns=None,
+                reuse_image_embeds=False, dataset_additional_keys=None):
+        return td_mod.GRPOTransferDock.options(num_cpus=0).remote(
+            prompts_num, n_samples_per_prompt, metrics=metrics, max_age=max_age, GBS_train=gbs_train,
+            addition_columns=addition_columns)
+
+    td = build_grpo_wrapper(builder)(None, prompts_num=GBS, n_samples_per_prompt=N, metrics=Metric(), max_age=1,
+                                     gbs_train=GBS, addition_columns=["labels"], dataset_additional_keys=["labels"])
+    rng = np.random.default_rng(1)
+    dataset = env["dataset"]
+    groups, extra = [], {}
+    for k, pid in enumerate([5, 17, 2, 9, 11, 0, 23, 14]):
+        resp = [list(rng.integers(2, 500, size=int(rng.integers(1, 20)))) for _ in range(N)]
+        groups.append(GroupOutput(100 + k, k % M, dataset[pid]["input_ids"].tolist(), resp,
+                                  [list(-rng.random(len(r))) for r in resp], version=k % 2, start=0.0, end=1.0))
+        extra[100 + k] = {"labels": torch.tensor(dataset[pid]["labels"]), ASP_PROMPT_ID: pid}
+    indexes = put_groups(lambda d, i, p: ray.get(td.put_experience.remote(d, i, is_prompt=p)), groups, extra, N)
+    assert indexes == list(range(GBS * N))
+    reward, _ = ray.get(td.get_experience.remote("rule_reward", ["prompts", "responses", "response_length",
+                                                                  "labels", "prompt_length"], indexes=indexes))
+    train, _ = ray.get(td.get_experience.remote("actor_train", ["input_ids", "response_length", "prompt_length",
+                                                                 ROLLOUT_LOG_PROB, POLICY_VERSION, ASP_PROMPT_ID],
+                                                indexes=indexes))
+    for row in indexes:
+        g, s = groups[row // N], row % N
+        L, P = int(reward["response_length"][row]), int(reward["prompt_length"][row])
+        assert reward["responses"][row][:L].tolist() == g.responses[s]
+        assert reward["prompts"][row][:P].tolist() == g.prompt_token_ids
+        assert int(reward["labels"][row][0]) == int(extra[g.gid]["labels"][0])
+        assert train["input_ids"][row][:P + L].tolist() == g.prompt_token_ids + g.responses[s]
+        assert torch.allclose(train[ROLLOUT_LOG_PROB][row][:L], torch.tensor(g.logprobs[s], dtype=torch.float32))
+        assert int(train[POLICY_VERSION][row][0]) == g.version
+        assert int(train[ASP_PROMPT_ID][row][0]) == extra[g.gid][ASP_PROMPT_ID]

@@ -73,6 +73,24 @@ def groups_to_rows(groups: Sequence[GroupOutput], extra: Dict[int, Dict[str, Any
     return cols
 
 
+OUTPUT_COLUMNS = ("responses", "response_length", "input_ids", ROLLOUT_LOG_PROB, POLICY_VERSION)
+
+
+def put_groups(put: Callable[[Dict[str, Any], List[int], bool], Any], groups: Sequence[GroupOutput],
+               extra: Dict[int, Dict[str, Any]], n: int) -> List[int]:
+    """Write finished groups into the TransferDock as MindSpeed-RL's own stages would: the prompt columns
+    with `is_prompt=True` (what `fit` puts), then the rollout outputs (what the rollout stage collects).
+
+    `put(data, indexes, is_prompt)` is `DataStrategy.put_experience`; rows are [0, len(groups) * n).
+    """
+    from mindspeed_rl.utils.pad_process import padding_dict_to_tensor_dict
+    rows = groups_to_rows(groups, extra, n)
+    indexes = list(range(len(groups) * n))
+    put(padding_dict_to_tensor_dict({k: v for k, v in rows.items() if k not in OUTPUT_COLUMNS}), indexes, True)
+    put(padding_dict_to_tensor_dict({k: rows[k] for k in OUTPUT_COLUMNS}), indexes, False)
+    return indexes
+
+
 def iteration_metrics(groups: Sequence[GroupOutput], lags: Sequence[int], max_lag: int, instances: int,
                       t_iter: float, wait_s: float, sync_s: float, total_npus: int) -> Dict[str, float]:
     """ASP's metrics of one iteration (DESIGN.md section 5 names) from the trained groups."""
@@ -279,15 +297,7 @@ def asp_fit(self, data_iters: Any) -> None:
             got = run.take_trainable()
             groups = got["groups"]
             run.feed_window(data_iters)
-            rows = groups_to_rows(groups, run.extra, n)
-            indexes = list(range(gbs * n))
-            from mindspeed_rl.utils.pad_process import padding_dict_to_tensor_dict
-            prompt_cols = {k: v for k, v in rows.items() if k not in ("responses", "response_length", "input_ids",
-                                                                      ROLLOUT_LOG_PROB, POLICY_VERSION)}
-            self.data_strategy.put_experience(padding_dict_to_tensor_dict(prompt_cols), indexes, is_prompt=True)
-            out_cols = {k: rows[k] for k in ("responses", "response_length", "input_ids", ROLLOUT_LOG_PROB,
-                                             POLICY_VERSION)}
-            self.data_strategy.put_experience(padding_dict_to_tensor_dict(out_cols), indexes)
+            put_groups(lambda d, i, p: self.data_strategy.put_experience(d, i, is_prompt=p), groups, run.extra, n)
             rollout_span = max(g.end for g in groups) - min(g.start for g in groups)
             self.data_strategy.update_metrics("timing/rollout", value=[rollout_span, 0.0], cumulate=True)
             rule_reward = []
