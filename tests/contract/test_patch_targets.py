@@ -211,3 +211,24 @@ def test_config_keys_exist_in_mindspeed_rl_config_classes(msrl_src, config):
                      for k in n.keys if isinstance(k, ast.Constant)}
     assert not set(data["generate_config"]["sampling_config"]) - sampling_keys
     assert data["defaults"] == base["defaults"] and data["megatron_training"] == base["megatron_training"]
+
+
+ATTRIBUTES = {  # attributes the async trainer, the weight sender and the rollout worker read
+    "mindspeed_rl.workers.scheduler.launcher.RayActorGroup": {"generate_config", "megatron_config", "actor_handlers",
+                                                              "rl_config"},
+    "mindspeed_rl.trainer.base.RayBaseTrainer": {"actor_worker", "ref_worker", "reward_list", "kl_ctrl", "blocking",
+                                                 "guarantee_order", "train_iters", "save_interval", "tensorboard",
+                                                 "tokenizer"},
+    "mindspeed_rl.trainer.grpo_trainer_hybrid.RayGRPOTrainer": {"data_strategy", "transfer_dock", "kwargs",
+                                                                "skip_actor_log_prob"},
+    "mindspeed_rl.workers.actor_hybrid_worker.ActorHybridWorkerBase": {"sharding_manager"},
+    "mindspeed_rl.workers.resharding.megatron_sharding_manager.MegatronShardingManager": {"vllm_weight_container"},
+    "mindspeed_rl.models.rollout.vllm_engine.VLLMInferEngine": {"llm", "engine", "model", "hf_config"},
+}
+
+
+@pytest.mark.parametrize("cls_path", sorted(ATTRIBUTES))
+def test_attributes_asp_reads_are_set(msrl_src, cls_path):
+    have = _config_attrs(msrl_src, cls_path)
+    missing = ATTRIBUTES[cls_path] - have
+    assert not missing, f"{cls_path} never sets {missing}"
