@@ -26,7 +26,8 @@ def write_log(path, iters, total=5, e2e=(200.0, 220.0, 240.0)):
             fh.write(msrl_line(i + 1, total, {"timing/all": 70.0 + i, "timing/rollout": 50.0, "timing/update": 15.0,
                                               "e2e_tps": e2e[i % len(e2e)], "vllm_tps": 300.0,
                                               "response_length/mean": 900.0 + i, "actor/lr": 1e-6,
-                                              "grad_norm": float("nan") if i == 0 else 1.0}))
+                                              "grad_norm": float("nan") if i == 0 else 1.0,
+                                              "grpo/score/mean": 0.1 * (i + 1)}))
             fh.write("unrelated line\n")
 
 
@@ -45,6 +46,8 @@ def test_summary_means_aliases_and_warmup(tmp_path):
     assert s["timing/all"] == pytest.approx(71.0) and s["time/iteration"] == pytest.approx(71.0)
     assert s["grad_norm"] == pytest.approx(1.0)  # nan skipped
     assert s["headline"]["vllm_tps"] == pytest.approx(300.0)
+    assert s["reward/first"] == pytest.approx(0.1) and s["reward/final"] == pytest.approx(0.3)
+    assert s["mode"] == "mindspeed-rl"
     s2 = read_training_log(p, skip_first=1)
     assert s2["iterations_used"] == 2 and s2["e2e_tps"] == pytest.approx(230.0)
     assert log_reader.read_log_summary is read_training_log  # name `asp compare` probes for

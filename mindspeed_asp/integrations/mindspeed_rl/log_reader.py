@@ -90,6 +90,12 @@ def read_training_log(path: str | Path, skip_first: int = 0) -> Dict[str, Any]:
     for new, old in aliases.items():
         if old in summary and new not in summary:
             summary[new] = summary[old]
+    scores = [r["grpo/score/mean"] for r in records if "grpo/score/mean" in r]
+    if scores:  # the runtime's reward/final: mean over the last quarter of the run
+        k = max(1, len(scores) // 4)
+        summary["reward/first"], summary["reward/final"] = scores[0], _mean(scores[-k:])
+    summary["mode"] = "asp (mindspeed-rl)" if "asp/policy_version" in summary or "lag/mean" in summary \
+        else "mindspeed-rl"
     summary["headline"] = {k: summary[k] for k in HEADLINE if k in summary}
     summary["per_iteration"] = records
     return summary
