@@ -161,6 +161,20 @@ def main(argv=None) -> int:
                         "stock pipeline (s)", "ASP lag mean", "ASP lag max", "sorting bubble ASP / sorted_asc"], rows))
     report["lag_sweep"] = rep3
 
+    md.append("\n### 3b. Stale-sample policies under a tight bound (synthetic, rho = 1.0, ASP plan, stream)\n")
+    rows, rep3b = [], {}
+    for lag in (1, 2, 4):
+        for policy in ("wait", "regenerate", "drop"):
+            cfg = sweep.SweepConfig(instances=8, slots=64, minibatch=int(w["minibatch"]), rho=1.0, max_lag=lag,
+                                    stale_policy=policy)
+            r = run_set(str(w["spec"]), ["asp"], cfg, seeds, "stream", progress)["asp"]
+            rep3b[f"{lag}/{policy}"] = r
+            rows.append([str(lag), policy, f"{r['time/iteration']:.1f}", f"{r['time/rollout']:.1f}",
+                         f"{r['lag/max']:.0f}", f"{r['lag/regenerated_groups']:.1f}", f"{r['lag/stale_dropped']:.1f}"])
+    md.append(md_table(["max_lag", "stale policy", "iteration (s)", "rollout (s)", "lag max",
+                        "regenerated groups", "dropped samples"], rows))
+    report["stale_policies"] = rep3b
+
     # ---------------------------------------------------------------- 5. scaling
     md.append("\n### 4. Scaling: iteration time vs instances (synthetic; trainer fixed at rho = 0.3 of R_LB "
               "at 8 instances; single = one instance with all devices, speed-up amdahl:0.1)\n")

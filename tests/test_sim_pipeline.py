@@ -71,6 +71,20 @@ def test_drop_policy_never_trains_stale_samples_and_counts_them():
     assert res.metrics["lag/stale_dropped"] == L.size - len(res.lags)
 
 
+def test_regenerate_policy_retrains_stale_groups_within_the_bound():
+    prob, L = make_case(seed=6)
+    a = random_assignment(96, 3, np.random.default_rng(1))
+    tr = trainer(prob, L, 1.5)
+    wait = simulate_pipeline(prob, a, L, mode="stream", max_lag=1, trainer=tr, stale_policy="wait")
+    regen = simulate_pipeline(prob, a, L, mode="stream", max_lag=1, trainer=tr, stale_policy="regenerate")
+    assert len(regen.lags) == L.size and regen.lags.max() <= 1  # every sample trained once, within the bound
+    n_regen = regen.metrics["lag/regenerated_groups"]
+    assert n_regen > 0 and n_regen == regen.trace.group_regenerated.sum()
+    # regenerated groups were generated twice: more busy time than the waiting trainer needs
+    assert regen.trace.busy.sum() > wait.trace.busy.sum()
+    assert wait.metrics["lag/regenerated_groups"] == 0
+
+
 def test_unbounded_lag_stream_matches_stock_rollout_and_beats_its_iteration():
     prob, L = make_case(seed=7)
     a = random_assignment(96, 3, np.random.default_rng(2))

@@ -40,7 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--rho", type=float, default=1.0, help="trainer work / rollout lower bound")
     p.add_argument("--overhead", type=float, default=0.0, help="fixed seconds per trainer update")
     p.add_argument("--max-lag", type=int, default=1)
-    p.add_argument("--stale-policy", choices=("wait", "drop"), default="wait")
+    p.add_argument("--stale-policy", choices=("wait", "drop", "regenerate"), default="wait",
+                   help="stream mode: the trainer waits for old groups (no sample ever stale), or never waits and "
+                        "drops / regenerates the groups that would break the lag bound")
     p.add_argument("--sync-time", type=float, default=0.0, help="seconds per weight-sync round")
     p.add_argument("--mode", choices=("stream", "stock", "single"), default="stream")
     p.add_argument("--single-scaling", default=None,

@@ -154,6 +154,7 @@ class InstanceTrace:
     seq_finish: np.ndarray  # float [G*n]
     seq_version: np.ndarray  # int [G*n]
     seq_preemptions: np.ndarray  # int [G*n]
+    group_regenerated: np.ndarray  # int [G], times the group was regenerated (stale) before it was trained
     busy: np.ndarray  # float [m], T_j: time spent stepping
     steps: np.ndarray  # int [m], S_j: decode steps
     end: np.ndarray  # float [m], wall-clock time of the instance's last step
@@ -245,6 +246,7 @@ class Cluster:
         self.seq_finish = np.full(G * n, np.nan)
         self.seq_version = np.full(G * n, -1, dtype=np.int64)
         self.seq_pre = np.zeros(G * n, dtype=np.int64)
+        self.regenerated = np.zeros(G, dtype=np.int64)
         # plain lists: the hot loop indexes them one element at a time
         self.seq_progress = [0] * (G * n)  # tokens generated before the current admission
         self.seq_admit_step = [0] * (G * n)
@@ -318,21 +320,46 @@ class Cluster:
     def notify(self, t: float) -> None:
         """Re-offer held groups at time t (the gate's answer may have changed, e.g. a new version)."""
         for j, ins in enumerate(self.insts):
-            if not ins.held:
-                continue
-            ins.held = False
-            t_eff = max(t, ins.paused_until)
-            if ins.n == 0:
-                ins.clock = max(ins.clock, t_eff)
-                self._admit_and_schedule(j)
-                continue
-            # running: admit at the first step boundary at or after t_eff, if before the next event
-            rel = t_eff - ins.clock - ins.extra
-            d = self.iv.steps_to_reach(ins.n, ins.kv, ins.prefill, rel) if rel > 0 else 0
-            if d == 0 or ins.step + d < ins.event_step:
-                if d > 0:
-                    self._advance(j, ins.step + d)
-                self._admit_and_schedule(j)
+            if ins.held:
+                ins.held = False
+                self._wake(j, t)
+
+    def _wake(self, j: int, t: float) -> None:
+        """Let instance j admit at time t: now if idle, else at its first step boundary at or after t."""
+        ins = self.insts[j]
+        t_eff = max(t, ins.paused_until)
+        if ins.n == 0:
+            ins.clock = max(ins.clock, t_eff)
+            self._admit_and_schedule(j)
+            return
+        rel = t_eff - ins.clock - ins.extra
+        d = self.iv.steps_to_reach(ins.n, ins.kv, ins.prefill, rel) if rel > 0 else 0
+        if d == 0 or ins.step + d < ins.event_step:
+            if d > 0:
+                self._advance(j, ins.step + d)
+            self._admit_and_schedule(j)
+
+    def requeue(self, g: int, t: float) -> int:
+        """Regenerate finished group g from scratch (a stale group): its n samples go to the head of the waiting
+        queue of the least-loaded instance at time t, as a new dispatch (the gate applies again). Returns the
+        instance. The first generation's work stays in the busy time: it was spent."""
+        if self.group_left[g] != 0:
+            raise ValueError(f"group {g} is still generating; only finished groups can be regenerated")
+        n = self.nsamp
+        sids = [g * n + s for s in range(n)]
+        loads = [len(ins.queue) - ins.ptr + ins.n + len(ins.front) for ins in self.insts]
+        j = int(np.argmin(loads))
+        ins = self.insts[j]
+        ins.queue[ins.ptr:ins.ptr] = sids
+        ins.head[ins.ptr:ins.ptr] = [True] + [False] * (n - 1)
+        for sid in sids:
+            self.seq_progress[sid] = 0
+        self.group_left[g] = n
+        self.group_finish[g] = np.nan
+        self.group_instance[g] = j
+        self.regenerated[g] += 1
+        self._wake(j, t)
+        return j
 
     def pause(self, t: float, duration: float) -> None:
         """Stop every instance for `duration` seconds from time t (a weight-sync round); busy time excludes it."""
@@ -347,9 +374,6 @@ class Cluster:
             elif ins.retry_at < INF and ins.retry_at < until:
                 self._push_retry(j, until)
 
-    def requeue_front(self, g: int) -> None:  # pragma: no cover - reserved for regeneration policies
-        raise NotImplementedError
-
     def unfinished_groups(self) -> int:
         return sum(1 for x in self.group_left if x > 0)
 
@@ -360,7 +384,8 @@ class Cluster:
             n=self.nsamp, group_instance=self.group_instance.copy(), group_dispatch=self.group_dispatch.copy(),
             group_finish=self.group_finish.copy(), group_version=self.group_version.copy(),
             seq_start=self.seq_start.copy(), seq_finish=self.seq_finish.copy(),
-            seq_version=self.seq_version.copy(), seq_preemptions=self.seq_pre.copy(), busy=busy, steps=steps,
+            seq_version=self.seq_version.copy(), seq_preemptions=self.seq_pre.copy(),
+            group_regenerated=self.regenerated.copy(), busy=busy, steps=steps,
             end=self.end.copy(), preemptions=self.preemptions.copy(), recompute_tokens=self.recompute.copy(),
             kv_peak=self.kv_peak.copy())
 

@@ -14,7 +14,10 @@ Modes:
   `stale_policy="wait"` an update starts only if every group still untrained can meet its deadline afterwards
   (EDF feasibility, M per update): the trainer waits for an old group rather than train newer ones, which
   guarantees lag <= max_lag for every trained sample with nothing dropped. `"drop"` never waits; the audit
-  then drops (and counts) the samples whose lag would exceed the bound. Every trained sample is audited:
+  then drops (and counts) the samples whose lag would exceed the bound. `"regenerate"` (the runtime's default)
+  never waits either: a ready group that this update could no longer train within the bound is sent back and
+  generated again from scratch on the least-loaded instance (counted; its first generation stays in the busy
+  time). Every trained sample is audited:
   lag = update index - the policy version at its first admission (the oldest that produced a token).
 - "stock": MindSpeed-RL's synchronous iteration: every instance runs its whole share, the iteration waits for
   the slowest instance, then trains ceil(G/M) minibatches in completion order, then syncs once.
@@ -35,6 +38,7 @@ from mindspeed_asp.sim.engine import INF, Cluster, InstanceTrace
 from mindspeed_asp.sim.trainer import TrainerModel, group_tokens
 
 MODES = ("stream", "stock", "single")
+STALE_POLICIES = ("wait", "drop", "regenerate")
 
 
 @dataclass
@@ -104,6 +108,7 @@ class _Trainer:
         self.lags: List[np.ndarray] = []
         self.sample_tokens: List[np.ndarray] = []
         self.stale_dropped = 0
+        self.regenerated = 0
         self.trained = 0
 
     # gate: admission control (AReaL's capacity rule, counted against the updates still to start)
@@ -152,6 +157,30 @@ class _Trainer:
                 return False
         return True
 
+    def _regenerate_stale(self, now: float) -> int:
+        """Send back every ready group that this update could not train within the bound; returns how many.
+
+        A group is stale when update k - (oldest version of its samples) > max_lag. It leaves the queue, stops
+        counting as dispatched and is generated again from scratch (the runtime's "regenerate" policy).
+        """
+        k, eta, n = self.k, self.max_lag, self.cl.nsamp
+        keep, stale = [], []
+        while self.ready and self.ready[0][0] < k - eta:
+            item = heapq.heappop(self.ready)
+            g = item[3]
+            oldest = int(self.cl.seq_version[g * n:(g + 1) * n].min())
+            (stale if k - oldest > eta else keep).append(item)
+        for item in keep:
+            heapq.heappush(self.ready, item)
+        for v, _, _, g in stale:
+            self.ready_by_v[v] -= 1
+            self.untrained[v] -= 1
+            self.dispatched -= 1
+            self.finished -= 1
+            self.regenerated += 1
+            self.cl.requeue(g, now)
+        return len(stale)
+
     def try_start(self, now: float) -> None:
         if self.busy or not self.ready:
             return
@@ -160,6 +189,11 @@ class _Trainer:
             return
         if self.stale_policy == "wait" and not self._schedulable():
             return
+        if self.stale_policy == "regenerate" and self._regenerate_stale(now):
+            if len(self.ready) < self.M and not self.finished == self.G:
+                return
+            if not self.ready:
+                return
         take = [heapq.heappop(self.ready) for _ in range(min(self.M, len(self.ready)))]
         for v, _, _, _ in take:
             self.untrained[v] -= 1
@@ -250,8 +284,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     planners that call this inside a search loop).
     """
     L = _check_inputs(problem, assignment, true_lengths, mode, max_lag, trainer)
-    if stale_policy not in ("wait", "drop"):
-        raise ValueError(f"stale_policy must be 'wait' or 'drop', got {stale_policy!r}")
+    if stale_policy not in STALE_POLICIES:
+        raise ValueError(f"stale_policy must be one of {STALE_POLICIES}, got {stale_policy!r}")
     G, n = L.shape
     m = problem.instances
     P = np.asarray(problem.prompts.prompt_lens, dtype=np.int64)
@@ -287,7 +321,7 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
                                f"{cl.unfinished_groups()} unfinished (planner {assignment.planner!r})")
         rec = {k: np.asarray(v, dtype=np.float64) for k, v in tr.rec.items()}
         lags = np.concatenate(tr.lags) if tr.lags else np.zeros(0)
-        sample_tokens, stale_dropped = tr.sample_tokens, tr.stale_dropped
+        sample_tokens, stale_dropped, regenerated = tr.sample_tokens, tr.stale_dropped, tr.regenerated
         trace = cl.trace()
         total_time = float(rec["sync_end"][-1])
         syncs = len(rec["sync_end"])
@@ -315,7 +349,7 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
         rec["sync_end"][-1] = t + sync_time
         total_time = t + sync_time
         lags = np.concatenate(lag_parts)
-        stale_dropped, syncs = 0, 1
+        stale_dropped, regenerated, syncs = 0, 0, 1
 
     # ------------------------------------------------------------------ metrics
     rollout_end = trace.makespan
@@ -334,6 +368,7 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     met.update(mx.sorting_metrics(trace.group_finish, rec["ready"], rec["start"], busy_end, rec["groups"], M,
                                   rollout_end, total_time))
     met.update(mx.lag_metrics(lags, max_lag, stale_dropped))
+    met["lag/regenerated_groups"] = float(regenerated)
     met["throughput/e2e_tps"] = all_tokens / (devices * total_time) if total_time > 0 else 0.0
     met["throughput/perf_throughput"] = all_tokens / ((devices + trainer_devices) * total_time) \
         if total_time > 0 else 0.0
