@@ -62,3 +62,28 @@ def test_prepare_refuses_an_unpinned_mindspeed_rl(tmp_path):
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "1218aab" in out.stderr and "05a90d7" in out.stderr
+
+
+def test_head_builds_the_plan_the_runtime_accepts(tmp_path):
+    """asp_build_plan (node 0) runs `asp plan` on the exported prompts; the plan-ordered loader then accepts
+    it for a dataset with the same ids and lengths (fingerprint check) and the config's instance count."""
+    import json
+    import numpy as np
+    from mindspeed_asp.integrations.mindspeed_rl.data_patches import open_plan, prompt_set_from_dataset
+    rng = np.random.default_rng(0)
+    dataset = [{"input_ids": np.arange(int(rng.integers(5, 300)))} for _ in range(64)]
+    with open(tmp_path / "prompts.jsonl", "w") as fh:  # what export_prompts.py writes
+        for i, item in enumerate(dataset):
+            fh.write(json.dumps({"prompt_id": str(i), "prompt_len": len(item["input_ids"])}) + "\n")
+    msrl = tmp_path / "MindSpeed-RL"
+    (msrl / "mindspeed_rl").mkdir(parents=True)
+    env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
+               ASP_PYTHON=str(Path(os.sys.executable)), ASP_MINDSPEED_RL_COMMIT="05a90d7",
+               ASP_PROMPTS=str(tmp_path / "prompts.jsonl"))
+    env.pop("ASP_PLAN", None)
+    out = subprocess.run(["bash", "-c", f"source {SHELL / 'msrl_common.sh'}; asp_prepare qwen3_8b_A3_asp; "
+                          "asp_build_plan"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    plan = open_plan(str(tmp_path / "run" / "plan.parquet"), 8, prompt_set_from_dataset(dataset, 8))
+    assert plan.num_iterations == 2 and plan.instances == 8
+    assert sorted(int(p) for it in range(2) for j in range(8) for p in plan.instance_queue(it, j)) == list(range(64))
