@@ -265,6 +265,7 @@ class SyncStats:
     instance_seconds: List[float] = field(default_factory=list)
     verified: bool = False
     send_seconds: float = 0.0  # the trainer's broadcasts alone; `seconds` is the whole round
+    engine_verified: List[int] = field(default_factory=list)  # per instance: params read back from vLLM
 
     def as_metrics(self) -> Dict[str, float]:
         return {"time/weight_sync": self.seconds, "weight_sync/bytes": float(self.bytes),
@@ -417,6 +418,7 @@ def sync_weights(sender: WeightSyncSender, instances: Sequence[Any], version: in
                                       f"than the trainer after version {version}: {bad[:5]}"
                                       f"{' ...' if len(bad) > 5 else ''}")
         stats.instance_seconds.append(float(rep.get("seconds", 0.0)))
+        stats.engine_verified.append(min(int(w.get("engine_verified", 0)) for w in rep.get("workers", [rep])))
     stats.verified = True
     stats.send_seconds = stats.seconds
     stats.seconds = time.perf_counter() - t0  # what the trainer waited: send, load everywhere, verify

@@ -101,11 +101,34 @@ class AspWorkerExtension:
         if missing and not allow_partial:
             raise WeightSyncError(f"version {version}: the round left {len(missing)} engine parameters "
                                   f"unloaded, e.g. {missing[:4]}")
+        engine_verified = self._asp_verify_engine_params(manifest, checksums, version)
         self._asp_checksums = checksums
         self._asp_version = int(version)
         return {"rank": int(getattr(self, "rank", 0)), "version": int(version), "bytes": received,
                 "tensors": len(checksums), "loaded_params": len(loaded), "missing": missing,
+                "engine_verified": engine_verified,
                 "seconds": time.perf_counter() - t0, "comm_seconds": t_comm, "checksums": checksums}
+
+    def _asp_verify_engine_params(self, manifest: Sequence[ManifestEntry], checksums: Dict[str, float],
+                                  version: int) -> int:
+        """Read back the parameters vLLM keeps under the HF name and shape (embeddings, norms, lm_head).
+
+        Fused (qkv, gate_up) and repacked (CPU linear) weights cannot be read back, but these can: a
+        load that silently did nothing shows up here, not only in the tests' logits comparison.
+        """
+        params = dict(self._asp_model().named_parameters())
+        shapes = {name: tuple(shape) for name, shape, _ in manifest}
+        n = 0
+        for name, expect in checksums.items():
+            p = params.get(name)
+            if p is None or p.numel() == 0 or tuple(p.shape) != shapes.get(name) or p.is_meta:
+                continue
+            got = tensor_checksum(p.data)
+            if not abs(got - expect) <= 1e-6 + 1e-6 * abs(expect):
+                raise WeightSyncError(f"version {version}: {name} was received but the engine holds other "
+                                      f"values after loading (checksum {got:.6g} != {expect:.6g})")
+            n += 1
+        return n
 
     def asp_weights_checksum(self) -> Dict[str, float]:
         """Checksums (per HF name) of the weights this worker received and loaded last."""
