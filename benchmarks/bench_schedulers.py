@@ -62,6 +62,20 @@ def run_set(spec: str, planners: List[str], cfg: sweep.SweepConfig, seeds: List[
             for label, rs in res.items()}
 
 
+def _commit() -> str:
+    """The code version measured (planners change often; numbers belong to a commit)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=Path(__file__).resolve().parent).stdout.strip()
+        return out.stdout.strip() + (" (working tree has uncommitted edits)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def md_table(header: List[str], rows: List[List[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -84,8 +98,11 @@ def main(argv=None) -> int:
     progress = not args.quiet
     wls = workloads(args.quick)
     t_start = time.time()
-    report: Dict[str, object] = {"seeds": seeds, "workloads": {k: v["spec"] for k, v in wls.items()}}
-    md: List[str] = []
+    report: Dict[str, object] = {"seeds": seeds, "workloads": {k: v["spec"] for k, v in wls.items()},
+                                 "commit": _commit()}
+    md: List[str] = [f"Code at commit {report['commit']}; seeds {seeds}; workloads: "
+                     + ", ".join(f"{k} = `{Path(str(v['spec'])).name if ':/' in str(v['spec']) else v['spec']}`"
+                                 for k, v in wls.items()) + ".\n"]
     checks: List[str] = []
 
     # ---------------------------------------------------------------- 1. rollout makespan vs R_LB
