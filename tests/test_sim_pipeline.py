@@ -179,3 +179,21 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="instance queues"):
         simulate_pipeline(prob, Assignment(orders=[np.arange(96)], minibatch=np.full(96, -1), planner="x"), L,
                           trainer=tr)
+
+
+@pytest.mark.parametrize("policy", ["wait", "regenerate"])
+def test_kv_budget_preemption_gate_and_sync_pause_together(policy):
+    """All mechanisms at once: preemption under a KV budget, lag gating, weight-sync pauses, regeneration."""
+    from dataclasses import replace
+
+    for seed in range(3):
+        prob, L = make_case(G=60, n=4, m=2, seed=40 + seed, median=150.0)
+        worst = int((L + prob.prompts.prompt_lens[:, None]).max())
+        prob = replace(prob, spec=InstanceSpec(slots=16, kv_budget=max(worst + 2, 3000)))
+        res = simulate_pipeline(prob, random_assignment(60, 2, np.random.default_rng(seed)), L, mode="stream",
+                                max_lag=1, trainer=trainer(prob, L, 1.0), sync_time=0.2, stale_policy=policy)
+        assert len(res.lags) == L.size and res.lags.max() <= 1
+        assert np.all(res.trace.kv_peak <= prob.spec.kv_budget)
+        assert res.trace.preemptions.sum() > 0  # the budget really binds
+        assert res.metrics["time/iteration"] >= res.bounds["e2e/stream_LB"]
+        assert res.metrics["rollout/steps"] >= res.bounds["steps/LB"]
