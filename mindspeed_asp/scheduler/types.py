@@ -138,6 +138,8 @@ class PlanningProblem:
     max_new_tokens: int
     rho: float = 1.0  # trainer work / rollout time, for regime-dependent ordering
     seed: int = 0
+    max_lag: int = 1  # the lag bound the plan will run under (asp.max_lag); planners score candidates with it
+    work_stealing: bool = True  # whether idle instances steal not-started groups at run time
 
 
 @dataclass
