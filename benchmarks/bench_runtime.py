@@ -133,9 +133,8 @@ def main(argv: List[str] | None = None) -> int:
             runs[f"stock_s{seed}"] = run_one(f"stock_s{seed}", out, base + sd + ["asp.mode=stock"], args.config)
             runs[f"asp_lag1_s{seed}"] = run_one(f"asp_lag1_s{seed}", out,
                                                 base + sd + ["asp.mode=asp", "asp.max_lag=1"], args.config)
-            if seed == seeds[0]:
-                runs[f"async_lag1_s{seed}"] = run_one(f"async_lag1_s{seed}", out,
-                                                      base + sd + ["asp.mode=async", "asp.max_lag=1"], args.config)
+            runs[f"async_lag1_s{seed}"] = run_one(f"async_lag1_s{seed}", out,
+                                                  base + sd + ["asp.mode=async", "asp.max_lag=1"], args.config)
             runs[f"asp_lag2_s{seed}"] = run_one(f"asp_lag2_s{seed}", out,
                                                 base + sd + ["asp.mode=asp", "asp.max_lag=2"], args.config)
     finally:
@@ -151,6 +150,16 @@ def main(argv: List[str] | None = None) -> int:
         name: {"e2e_tps_vs_stock": runs[name]["throughput/e2e_tps"] / stock["throughput/e2e_tps"],
                "iteration_time_vs_stock": runs[name]["time/iteration"] / stock["time/iteration"]}
         for name in order}
+    # paired over seeds (same prompts and seeds per pair): mean and std of the ratios against stock
+    result["ratios_over_seeds"] = {}
+    for kind in ("async_lag1", "asp_lag1", "asp_lag2"):
+        tps = [runs[f"{kind}_s{s}"]["throughput/e2e_tps"] / runs[f"stock_s{s}"]["throughput/e2e_tps"]
+               for s in seeds if f"{kind}_s{s}" in runs]
+        it = [runs[f"stock_s{s}"]["time/iteration"] / runs[f"{kind}_s{s}"]["time/iteration"]
+              for s in seeds if f"{kind}_s{s}" in runs]
+        result["ratios_over_seeds"][kind] = {
+            "seeds": len(tps), "e2e_tps_x_mean": float(np.mean(tps)), "e2e_tps_x_std": float(np.std(tps)),
+            "iteration_speedup_x_mean": float(np.mean(it)), "iteration_speedup_x_std": float(np.std(it))}
     result["bubbles"] = {name: {k: runs[name][k] for k in ("bubble/padding", "bubble/padding_basis",
                                                            "bubble/skewness", "bubble/sorting")}
                          for name in order}
