@@ -89,9 +89,11 @@ def test_unbounded_lag_stream_matches_stock_rollout_and_beats_its_iteration():
     prob, L = make_case(seed=7)
     a = random_assignment(96, 3, np.random.default_rng(2))
     tr = trainer(prob, L, 1.0)
-    stream = simulate_pipeline(prob, a, L, mode="stream", max_lag=1000, trainer=tr)
+    # without stealing the ungated stream rollout is exactly stock's (same queues, nothing held)
+    stream = simulate_pipeline(prob, a, L, mode="stream", max_lag=1000, trainer=tr, work_stealing=False)
     stock = simulate_pipeline(prob, a, L, mode="stock", max_lag=1000, trainer=tr)
     assert stream.metrics["time/rollout"] == pytest.approx(stock.metrics["time/rollout"], rel=1e-12)
+    assert stock.metrics["rollout/steals"] == 0 and stream.metrics["rollout/steals"] == 0
     assert stream.metrics["time/iteration"] < stock.metrics["time/iteration"]
     assert stock.metrics["time/iteration"] == pytest.approx(
         stock.metrics["time/rollout"] + stock.metrics["time/train"], rel=1e-12)

@@ -22,6 +22,12 @@ Model of one instance (one vLLM engine):
 A group (the n samples of one prompt) is dispatched when its first sequence is admitted; a `gate` callback
 can hold a group back (admission control of the pipeline), and a held instance waits head-of-line, keeping
 the plan order, until `Cluster.notify` is called or the gate's retry time comes.
+
+Work stealing (`work_stealing=True`, the runtime's `asp.work_stealing`): an instance whose own queue is empty
+while it has a free slot takes the not-started group at the *tail* of the queue of the most loaded instance
+(load = predicted tokens of its not-started groups when `steal_load` is given, else their count), as the
+runtime's dispatcher does (`runtime/dispatcher.py`). Taking from the tail keeps the victim's plan order; a
+partly admitted group is never split. Every steal is counted per thief and per group.
 """
 from __future__ import annotations
 
@@ -161,6 +167,8 @@ class InstanceTrace:
     preemptions: np.ndarray  # int [m]
     recompute_tokens: np.ndarray  # int [m], prefill tokens recomputed after preemption
     kv_peak: np.ndarray  # int [m], max resident KV reached
+    steals: Optional[np.ndarray] = None  # int [m], groups this instance stole (work stealing)
+    group_stolen: Optional[np.ndarray] = None  # bool [G], the group ran on a thief, not its plan instance
 
     @property
     def makespan(self) -> float:
@@ -208,7 +216,8 @@ class Cluster:
     def __init__(self, orders: Sequence[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
                  spec: InstanceSpec, cost, *, gate: Optional[GateFn] = None,
                  on_group_done: Optional[Callable[[int, float], None]] = None,
-                 kv_policy: str = "preempt", cost_scale: float = 1.0) -> None:
+                 kv_policy: str = "preempt", cost_scale: float = 1.0, work_stealing: bool = False,
+                 steal_load: Optional[np.ndarray] = None) -> None:
         lengths = np.asarray(lengths)
         if lengths.ndim != 2:
             raise ValueError(f"lengths must be [G, n], got shape {lengths.shape}")
@@ -258,6 +267,17 @@ class Cluster:
         self.recompute = np.zeros(len(orders), dtype=np.int64)
         self.kv_peak = np.zeros(len(orders), dtype=np.int64)
         self.end = np.zeros(len(orders))
+        self.work_stealing = bool(work_stealing)
+        if steal_load is None:
+            self._gload = [1.0] * G
+        else:
+            steal_load = np.asarray(steal_load, dtype=np.float64)
+            if steal_load.shape != (G,):
+                raise ValueError(f"steal_load must have shape ({G},), got {steal_load.shape}")
+            self._gload = steal_load.tolist()
+        self.steals = np.zeros(len(orders), dtype=np.int64)
+        self.group_stolen = np.zeros(G, dtype=bool)
+        self._qload = [0.0] * len(orders)  # load of each instance's not-started groups
         seen = np.zeros(G, dtype=bool)
         for j, order in enumerate(orders):
             order = np.asarray(order, dtype=np.int64)
@@ -271,6 +291,7 @@ class Cluster:
             head = np.zeros(len(sids), dtype=bool)
             head[::n] = True
             self.insts.append(_Inst(queue=sids.tolist(), head=head.tolist()))
+            self._qload[j] = float(sum(self._gload[g] for g in order.tolist()))
         self._heap: List[tuple] = []
         self._seq = 0
         self._started = False
@@ -354,6 +375,7 @@ class Cluster:
         ins.head[ins.ptr:ins.ptr] = [True] + [False] * (n - 1)
         for sid in sids:
             self.seq_progress[sid] = 0
+        self._qload[j] += self._gload[g]
         self.group_left[g] = n
         self.group_finish[g] = np.nan
         self.group_instance[g] = j
@@ -387,7 +409,7 @@ class Cluster:
             seq_version=self.seq_version.copy(), seq_preemptions=self.seq_pre.copy(),
             group_regenerated=self.regenerated.copy(), busy=busy, steps=steps,
             end=self.end.copy(), preemptions=self.preemptions.copy(), recompute_tokens=self.recompute.copy(),
-            kv_peak=self.kv_peak.copy())
+            kv_peak=self.kv_peak.copy(), steals=self.steals.copy(), group_stolen=self.group_stolen.copy())
 
     # ------------------------------------------------------------------ internals
     def _push(self, j: int, t: float, step: int) -> None:
@@ -470,6 +492,36 @@ class Cluster:
             self.preemptions[j] += 1
             ins.front.append(sid)
 
+    def _steal(self, j: int) -> bool:
+        """Move the tail group of the most loaded other queue to instance j's (empty) queue; False if none."""
+        nsamp = self.nsamp
+        best, best_load = -1, 0.0
+        for v, other in enumerate(self.insts):
+            if v == j:
+                continue
+            start = len(other.queue) - nsamp
+            # a whole not-started group at the tail (a partly admitted group is never split)
+            if start < 0 or start < other.ptr or not other.head[start]:
+                continue
+            if best < 0 or self._qload[v] > best_load:
+                best, best_load = v, self._qload[v]
+        if best < 0:
+            return False
+        victim, ins = self.insts[best], self.insts[j]
+        sids = victim.queue[-nsamp:]
+        del victim.queue[-nsamp:]
+        del victim.head[-nsamp:]
+        g = sids[0] // nsamp
+        load = self._gload[g]
+        self._qload[best] -= load
+        self._qload[j] += load
+        ins.queue.extend(sids)
+        ins.head.extend([True] + [False] * (nsamp - 1))
+        self.group_instance[g] = j
+        self.group_stolen[g] = True
+        self.steals[j] += 1
+        return True
+
     def _admit_and_schedule(self, j: int) -> None:
         ins = self.insts[j]
         now = ins.clock
@@ -499,7 +551,9 @@ class Cluster:
                 self.recompute[j] += prog
             else:
                 if ptr >= nq:
-                    break
+                    if not (self.work_stealing and self._steal(j)):
+                        break
+                    nq = len(q)
                 sid = q[ptr]
                 need = pl[sid]
                 if bounded:
@@ -523,6 +577,7 @@ class Cluster:
                             break
                     self.group_dispatch[g] = now
                     self.group_version[g] = version
+                    self._qload[j] -= self._gload[g]
                 ptr += 1
                 prog = 0
                 seq_start[sid] = now
@@ -567,12 +622,15 @@ class Cluster:
 
 def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
                        spec: InstanceSpec, cost, release: Optional[Callable[[int], float]] = None, *,
-                       kv_policy: str = "preempt", cost_scale: float = 1.0) -> InstanceTrace:
+                       kv_policy: str = "preempt", cost_scale: float = 1.0, work_stealing: bool = False,
+                       steal_load: Optional[np.ndarray] = None) -> InstanceTrace:
     """Run every instance's queue to completion and return the trace.
 
     `orders[j]` is instance j's ordered group indices; `lengths[g, s]` true response lengths; `release(g)`
     optionally gives the earliest time group g may be dispatched (its instance waits head-of-line until then).
     `cost` is a CostModel (closed-form) or anything with a vectorised `step_time` (e.g. TabulatedCost).
+    `work_stealing` lets an instance with an empty queue take not-started groups from the most loaded one
+    (`steal_load[g]`: load measure, default group count).
     """
     gate = None
     if release is not None:
@@ -580,7 +638,7 @@ def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_len
             r = float(release(g))
             return None if r <= now else r
     cl = Cluster(orders, lengths, prompt_lens, spec, cost, gate=gate, kv_policy=kv_policy,
-                 cost_scale=cost_scale)
+                 cost_scale=cost_scale, work_stealing=work_stealing, steal_load=steal_load)
     cl.run()
     left = cl.unfinished_groups()
     if left:

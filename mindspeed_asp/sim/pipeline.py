@@ -21,6 +21,10 @@ Modes:
   lag = update index - the policy version at its first admission (the oldest that produced a token).
 - "stock": MindSpeed-RL's synchronous iteration: every instance runs its whole share, the iteration waits for
   the slowest instance, then trains ceil(G/M) minibatches in completion order, then syncs once.
+- Work stealing (`work_stealing`, default None = on for "stream" like the runtime's asp mode, off for "stock"
+  and "single" like MindSpeed-RL): an instance whose own queue is empty takes not-started groups from the tail
+  of the most loaded queue (load = predicted tokens from `problem.estimate` when present); counted in
+  `rollout/steals`. Passing True for "stock" gives a rollout-only run with stealing (benchmarks).
 - "single": "stock" on one big instance with all the devices: slots and KV budget times m, step cost divided
   by `single_scaling(m)` (the measured/assumed speed-up of an m-device instance over a 1-device one).
 """
@@ -251,6 +255,15 @@ class _Trainer:
         self.try_start(t)
 
 
+def _steal_load(problem: PlanningProblem) -> Optional[np.ndarray]:
+    """Predicted tokens per group (the runtime dispatcher's steal load), or None without an estimate."""
+    if problem.estimate is None:
+        return None
+    from mindspeed_asp.scheduler.fluid import group_moments
+
+    return group_moments(problem).area
+
+
 def _check_inputs(problem: PlanningProblem, assignment: Assignment, true_lengths: np.ndarray,
                   mode: str, max_lag: int, trainer: TrainerModel) -> np.ndarray:
     if mode not in MODES:
@@ -275,13 +288,13 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
                       single_scaling: Optional[Callable[[int], float]] = None, stale_policy: str = "wait",
                       sync_pauses_rollout: bool = True, kv_policy: str = "preempt",
                       devices_per_instance: int = 1, trainer_devices: int = 0,
-                      with_bounds: bool = True) -> SimResult:
+                      with_bounds: bool = True, work_stealing: Optional[bool] = None) -> SimResult:
     """Simulate one window (iteration) of `problem` dispatched by `assignment`, with the true lengths.
 
     `trainer.minibatch` is M in groups. `sync_time` is one weight-sync round (seconds). `devices_per_instance`
     and `trainer_devices` only scale the throughput metrics (e2e_tps divides by instance devices, like
     MindSpeed-RL's; perf_throughput by all devices, like verl's). `with_bounds=False` skips the bounds (for
-    planners that call this inside a search loop).
+    planners that call this inside a search loop). `work_stealing` None means on for "stream", off otherwise.
     """
     L = _check_inputs(problem, assignment, true_lengths, mode, max_lag, trainer)
     if stale_policy not in STALE_POLICIES:
@@ -301,9 +314,12 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
         scale, m_eff = 1.0 / s, 1
     tok = L + P[:, None]  # prompt + response tokens per sample
     M = trainer.minibatch
+    steal = (mode == "stream") if work_stealing is None else bool(work_stealing)
+    steal = steal and mode != "single" and m > 1
+    steal_kw = {"work_stealing": steal, "steal_load": _steal_load(problem) if steal else None}
 
     if mode == "stream":
-        cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale)
+        cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, **steal_kw)
         tr = _Trainer(trainer, max_lag, stale_policy, sync_time, sync_pauses_rollout, cl, G, tok)
         tr.tags = np.asarray(assignment.minibatch, dtype=np.int64) if assignment.minibatch is not None else None
         cl.gate = tr.gate
@@ -326,7 +342,7 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
         total_time = float(rec["sync_end"][-1])
         syncs = len(rec["sync_end"])
     else:
-        cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale)
+        cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, **steal_kw)
         cl.run()
         trace = cl.trace()
         R = trace.makespan
@@ -381,6 +397,7 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     met["rollout/makespan_busy"] = float(trace.busy.max()) if len(trace.busy) else 0.0
     met["rollout/steps"] = float(trace.steps.sum())
     met["rollout/preemptions"] = float(trace.preemptions.sum())
+    met["rollout/steals"] = float(trace.steals.sum()) if trace.steals is not None else 0.0
 
     bounds: Dict[str, float] = {}
     above: Dict[str, float] = {}
@@ -403,4 +420,5 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
                      mb_tokens=rec["tokens"], queue_t=qt, queue_q=qq, lags=np.asarray(lags), trace=trace,
                      params={"max_lag": max_lag, "minibatch": M, "alpha": trainer.alpha,
                              "overhead": trainer.overhead, "sync_time": sync_time, "instances": m,
-                             "slots": problem.spec.slots, "single_scale": 1.0 / scale})
+                             "slots": problem.spec.slots, "single_scale": 1.0 / scale,
+                             "work_stealing": float(steal)})
