@@ -109,3 +109,28 @@ def test_killed_instance_groups_are_redispatched(tmp_path, ray_session):
     assert len(died) == 1 and died[0]["instance"] == 1
     # every group instance 1 held when it died was re-dispatched, and updates after the death synced 1 instance
     assert summary["redispatched"] >= killed["in_flight"]
+
+
+def test_asp_follows_offline_plan_file_then_replans(tmp_path, ray_session):
+    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
+
+    cfg = load_run_config(packaged_config_path(), BASE + ["data.num_prompts=8"])
+    _, prompts = task_and_prompts(cfg)
+    est = estimate_lengths(prompts, None, cfg.data.max_new_tokens)
+    plan = build_plan(prompts, est, instances=2, slots=cfg.asp.slots, minibatch=4,
+                      max_new_tokens=cfg.data.max_new_tokens, groups_per_iteration=4).plan
+    path = plan.save(tmp_path / "plan.jsonl")
+    summary, steps, out = run(tmp_path, ray_session, "asp", 1, extra=[f"asp.plan_path={path}"])
+    check_invariants(summary, steps, 1)
+    plans = [e for e in json.loads((out / "trace.json").read_text())["events"] if e["kind"] == "plan"]
+    # epoch 0 (8 groups) follows the file's two iterations; epoch 1 is re-planned from observed lengths
+    assert [p["planner"].startswith("file:") for p in plans] == [True, True, False]
+    assert plans[2]["with_history"] > 0  # planned after update 0, with what had finished by then
+    trace = json.loads((out / "trace.json").read_text())
+    for it in range(2):
+        for j in range(2):
+            planned = [int(r) for r in plan.instance_rows(it, j)]
+            ran = [g["gid"] for g in sorted(trace["groups"], key=lambda g: g["submit"]) if g["gid"] in planned]
+            assert all(g["instance"] == j for g in trace["groups"] if g["gid"] in planned) or summary["steals"] > 0
+            assert sorted(ran) == sorted(planned)
