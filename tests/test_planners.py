@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.scheduler import partition, scenarios
-from mindspeed_asp.scheduler.asp_planner import order_instance, plan_asp
+from mindspeed_asp.scheduler.asp_planner import RULES, order_instance, plan_asp
 from mindspeed_asp.scheduler.fluid import group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
@@ -163,7 +163,7 @@ def test_asp_spreads_predicted_tail_groups_over_instances():
                          p_trunc=np.zeros(60), has_history=np.ones(60, bool), estimator="oracle", samples=samples)
     p = PlanningProblem(prompts=p.prompts, estimate=est, instances=4, spec=p.spec, minibatch=4, cost=p.cost,
                         max_new_tokens=p.max_new_tokens)
-    a = plan_asp(p, np.random.default_rng(0), theta_grid=(0.5,), eps_grid=(0.0,))  # the laxity/curve order
+    a = plan_asp(p, np.random.default_rng(0), theta_grid=(0.5,), eps_grid=(0.0,), rules=("curve",))  # laxity/curve
     owner = {g: j for j, o in enumerate(a.orders) for g in o.tolist()}
     assert len({owner[5], owner[17], owner[40]}) == 3
     for g in (5, 17, 40):  # each long group is admitted in its instance's first fill (B/n groups)
@@ -185,7 +185,7 @@ def test_tail_placement_puts_solo_dominated_groups_on_distinct_instances():
     tail, owner = place_tails(group_moments(p), p, theta=0.5)
     assert sorted(tail.tolist()) == [3, 9, 20, 31, 38]
     assert len(set(owner[:4].tolist())) == 4  # the first m tail groups land on distinct instances
-    a = plan_asp(p, np.random.default_rng(0))
+    a = plan_asp(p, np.random.default_rng(0), rules=RULES)  # BLT's own candidates (tail placement)
     assert a.params["n_tail"] == 5
 
 

@@ -35,6 +35,12 @@ def register(subparsers) -> None:
     p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c[, p])")
     p.add_argument("--rho", type=float, default=None, help="trainer work / rollout time (default 1.0)")
     p.add_argument("--kv-budget", type=int, default=None, help="KV budget per instance, tokens")
+    p.add_argument("--max-lag", type=int, default=None,
+                   help="lag bound the plan will run under; ASP scores its candidates with it (default: "
+                        "--config's asp.max_lag, else 1)")
+    p.add_argument("--no-work-stealing", action="store_true",
+                   help="score the plan as run without work stealing (default: --config's asp.work_stealing, "
+                        "else on)")
     p.add_argument("--estimator", default=None, choices=("history", "cold_start"),
                    help="length estimator (default history)")
     p.add_argument("--truth", default=None, help="true lengths for oracle_* planners (length-history file)")
@@ -109,6 +115,10 @@ def run(args) -> int:
     rho = args.rho if args.rho is not None else (base.rho or 1.0)
     if rho <= 0:
         raise InputError(f"must be > 0, got {rho}", key="--rho")
+    max_lag = args.max_lag if args.max_lag is not None else base.max_lag
+    if max_lag < 0:
+        raise InputError(f"must be >= 0, got {max_lag}", key="--max-lag")
+    work_stealing = False if args.no_work_stealing else bool(base.work_stealing)
     plan_format(args.output, args.format)  # fail on a bad suffix before any work
 
     prompts = load_prompt_set(args.dataset, n=args.n)
@@ -145,7 +155,8 @@ def run(args) -> int:
     result = build_plan(prompts, est, instances=instances, slots=slots, minibatch=minibatch,
                         max_new_tokens=max_new, planner=planner, groups_per_iteration=args.groups_per_iteration,
                         cost=cost, rho=rho, kv_budget=args.kv_budget, seed=args.seed, provenance=provenance,
-                        progress=False if args.no_progress else None)
+                        progress=False if args.no_progress else None, max_lag=max_lag,
+                        work_stealing=work_stealing)
     out = result.plan.save(args.output, args.format)
     summary = plan_summary(result, max_new)
     print(format_summary(summary, str(out)))

@@ -4,7 +4,11 @@ Pipeline for one window: fluid group moments -> tail placement (LPT of the group
 theta * R_LB, one per instance while possible) -> Karmarkar-Karp of the rest seeded with the tail loads ->
 move/swap local search on the fluid instance time -> per-instance order by the laxity rule and the
 token-weighted completion curve -> length-stratified minibatch tags -> choice of (theta, eps) by the mean
-end-to-end time over K sampled length scenarios. docs/scheduler.md gives the reasoning and complexity.
+end-to-end time over K sampled length scenarios. The scenarios are simulated in the regime the plan will run
+in (the problem's max_lag and work stealing), and the candidate set also holds the orders of the strongest
+simple baselines (sorted_desc, sorted_asc, verl_kk, lpt), scored on the same scenarios (common random
+numbers), so the selection never picks something worse than them on its own scenarios.
+docs/scheduler.md gives the reasoning and complexity.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from mindspeed_asp.scheduler.types import Assignment, LengthEstimate, PlanningPr
 
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
 DEAL_BALANCE = -2.0  # theta value meaning "longest first, dealt round-robin" (equal counts, even tails)
+BASELINE_THETA = -3.0  # theta value recorded when a baseline order (its own placement) won the selection
 THETA_GRID = (0.5, 0.7, LPT_BALANCE, DEAL_BALANCE)
 EPS_GRID = (0.0, 0.3)
 RULES = ("curve", "random", "long_first")
@@ -28,8 +33,10 @@ DEFAULT_RULE = "curve"
 DEFAULT_EPS = 0.2
 SCENARIOS = 6  # fluid evaluator (no simulator installed)
 SIM_SCENARIOS = 2  # event simulator: each scenario is one full simulation per candidate
-SIM_MAX_LAG = 1  # bounded lag assumed while scoring (the asp: section's default max_lag)
+SIM_SEQ_BUDGET = 3200  # small windows get more scenarios: up to this many simulated sequences per candidate
+SIM_MAX_SCENARIOS = 6
 SELECT_GROUPS = 200  # windows above this are scored on a subsample of this many groups
+BASELINE_ORDERS = ("sorted_desc", "sorted_asc", "verl_kk", "lpt")  # candidates besides BLT's own
 
 
 def effective_eps(eps_base: float, rho: float) -> float:
@@ -156,7 +163,8 @@ def order_instance(members: np.ndarray, gm: GroupMoments, slots: int, eps: float
     return srt[idx[o]], fin[o]
 
 
-ORDER_RULES = {"curve": 0.0, "random": 1.0, "long_first": 2.0}  # params["order_rule"] codes
+ORDER_RULES = {"curve": 0.0, "random": 1.0, "long_first": 2.0,  # params["order_rule"] codes
+               "sorted_desc": 3.0, "sorted_asc": 4.0, "verl_kk": 5.0, "lpt": 6.0}
 
 
 def fixed_choice(params: Dict[str, float]) -> Dict[str, object]:
@@ -223,7 +231,8 @@ def _selection_problem(problem: PlanningProblem, rng: np.random.Generator) -> Pl
     return PlanningProblem(prompts=problem.prompts.subset(rows), estimate=sub_est,
                            instances=max(1, int(round(problem.instances * frac))), spec=problem.spec,
                            minibatch=max(1, int(round(problem.minibatch * frac))), cost=problem.cost,
-                           max_new_tokens=problem.max_new_tokens, rho=problem.rho, seed=problem.seed)
+                           max_new_tokens=problem.max_new_tokens, rho=problem.rho, seed=problem.seed,
+                           max_lag=problem.max_lag, work_stealing=problem.work_stealing)
 
 
 def _simulator():
@@ -236,12 +245,33 @@ def _simulator():
     return simulate_pipeline, TrainerModel
 
 
+def scenario_count(problem: PlanningProblem) -> int:
+    """Event-simulated scenarios per candidate: SIM_SCENARIOS, more for small windows (same cost budget)."""
+    seqs = max(1, len(problem.prompts) * problem.prompts.n)
+    return int(min(SIM_MAX_SCENARIOS, max(SIM_SCENARIOS, SIM_SEQ_BUDGET // seqs)))
+
+
+def baseline_candidate(problem: PlanningProblem, rule: str, rng: np.random.Generator, name: str,
+                       gm: Optional[GroupMoments] = None) -> Assignment:
+    """A baseline's placement and order as an ASP candidate, with ASP's length-stratified minibatch tags."""
+    from mindspeed_asp.scheduler import baselines
+
+    gm = gm if gm is not None else group_moments(problem)
+    orders = getattr(baselines, f"plan_{rule}")(problem, rng).orders
+    tags = stratified_minibatches(gm.area, predicted_completion(orders, gm, problem), problem.minibatch)
+    return Assignment(orders=orders, minibatch=tags, planner=name,
+                      params={"theta": BASELINE_THETA, "order_rule": ORDER_RULES[rule], "eps_base": 0.0, "eps": 0.0,
+                              "rho": float(problem.rho), "n_tail": 0.0, "local_moves": 0.0})
+
+
 def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Generator,
            lengths: Optional[np.ndarray] = None) -> Tuple[List[Tuple[float, float, float]], float, int, np.ndarray]:
     """(mean e2e, p90 e2e, mean rollout) of every candidate over sampled length scenarios.
 
-    With the event simulator: streaming trainer with bounded lag SIM_MAX_LAG, alpha set so that training
-    the window takes rho times its predicted rollout bound. Without it: the fluid model (scenarios.py).
+    With the event simulator: streaming trainer with the problem's max_lag and work stealing (the regime the
+    plan runs in), alpha set so that training the window takes rho times its predicted rollout bound; every
+    candidate sees the same scenarios (common random numbers). Small windows get more scenarios
+    (`scenario_count`). Without the simulator: the fluid model (scenarios.py).
     Returns the scores, the evaluator code (2 = simulator, 1 = fluid), the number of scenarios and the
     scenarios (pass them back to score more candidates on the same draws).
     """
@@ -249,7 +279,7 @@ def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Gen
     r_hat = rollout_lower_bound(gm, problem.instances, problem.cost)
     train_total = float(problem.rho) * r_hat
     sim = _simulator()
-    k = SIM_SCENARIOS if sim is not None else SCENARIOS
+    k = scenario_count(problem) if sim is not None else SCENARIOS
     if lengths is None:
         lengths = scenarios.sample_scenarios(problem, k, rng)
     if sim is None:
@@ -266,8 +296,9 @@ def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Gen
     for cand in cands:
         e2e, rollout = [], []
         for scen in lengths:
-            res = simulate_pipeline(problem, cand, scen, mode="stream", max_lag=SIM_MAX_LAG, trainer=trainer,
-                                    with_bounds=False)
+            res = simulate_pipeline(problem, cand, scen, mode="stream", max_lag=int(problem.max_lag),
+                                    trainer=trainer, with_bounds=False,
+                                    work_stealing=bool(problem.work_stealing))
             e2e.append(res.metrics["time/iteration"])
             rollout.append(res.metrics["time/rollout"])
         out.append((float(np.mean(e2e)), float(np.percentile(e2e, 90)), float(np.mean(rollout))))
@@ -279,18 +310,24 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
              rules: Optional[Sequence[str]] = None) -> Assignment:
     """Plan one window with BLT.
 
-    Candidates: every theta of the grid x every order rule ("curve" with each eps of the grid, "random",
-    "long_first") on the balanced assignment of that theta. They are scored on the window, or on a random
-    subsample of SELECT_GROUPS groups when the window is larger (`_selection_problem`), by simulating sampled
-    length scenarios; the winner's (theta, rule, eps) then plans the whole window. Grids of one value each
-    skip the search.
+    Candidates: every theta of the grid x every BLT order rule ("curve" with each eps of the grid, "random",
+    "long_first") on the balanced assignment of that theta, plus the baseline orders of BASELINE_ORDERS
+    (rules named after them). They are scored on the window, or on a random subsample of SELECT_GROUPS
+    groups when the window is larger (`_selection_problem`), by simulating sampled length scenarios in the
+    problem's regime (max_lag, work stealing); the winner's (theta, rule, eps) then plans the whole window.
+    Grids of one value each skip the search.
     """
     gm = group_moments(problem)
     G = len(gm.work)
     thetas = tuple(theta_grid) if theta_grid is not None else THETA_GRID
     epss = tuple(eps_grid) if eps_grid is not None else EPS_GRID
-    use = tuple(rules) if rules is not None else RULES
-    n_cands = len(thetas) * (len(epss) * ("curve" in use) + sum(r != "curve" for r in use))
+    use = tuple(rules) if rules is not None else RULES + BASELINE_ORDERS
+    unknown = [r for r in use if r not in ORDER_RULES]
+    if unknown:
+        raise ValueError(f"unknown order rule(s) {unknown}; choose from {', '.join(ORDER_RULES)}")
+    blt = tuple(r for r in use if r not in BASELINE_ORDERS)
+    base = tuple(r for r in use if r in BASELINE_ORDERS)
+    n_cands = len(thetas) * (len(epss) * ("curve" in blt) + sum(r != "curve" for r in blt)) + len(base)
     if n_cands <= 1 or G <= problem.instances:
         choice = (thetas[0] if theta_grid is not None else DEFAULT_THETA,
                   use[0] if rules is not None else DEFAULT_RULE,
@@ -302,45 +339,58 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
         lengths = None
         balanced: Dict[float, Tuple[np.ndarray, Dict[str, float]]] = {}
         tails_seen: Dict[bytes, float] = {}
-        for theta in thetas:  # thetas that select the same tail set give the same balance
-            key = place_tails(sgm, sel, theta)[0].tobytes() if theta >= 0 else str(theta).encode()
-            if key not in tails_seen:
-                tails_seen[key] = theta
-                balanced[theta] = balance(sgm, sel, theta)
-        # Stage 1: the balance, each with the first order rule; stage 2: the order rules on the winner.
-        first_rule = "long_first" if "long_first" in use else use[0]
+        if blt:
+            for theta in thetas:  # thetas that select the same tail set give the same balance
+                key = place_tails(sgm, sel, theta)[0].tobytes() if theta >= 0 else str(theta).encode()
+                if key not in tails_seen:
+                    tails_seen[key] = theta
+                    balanced[theta] = balance(sgm, sel, theta)
+        # Stage 1: the balances, each with the first BLT rule, and the baseline orders; stage 2: the other BLT
+        # rules on the best balance. Every candidate is scored on the same scenarios.
+        first_rule = "long_first" if "long_first" in blt else (blt[0] if blt else "")
         stage1 = [(theta, first_rule, epss[0] if first_rule == "curve" else 0.0) for theta in balanced]
+        stage1 += [(BASELINE_THETA, r, 0.0) for r in base]
         cands, keys, scores = [], [], []
         how, k = 0.0, 0
 
+        def make(t: float, r: str, e: float) -> Assignment:
+            if r in BASELINE_ORDERS:
+                return baseline_candidate(sel, r, rng, name, sgm)
+            return build_candidate(sel, sgm, balanced[t][0], balanced[t][1], t, r, e, name, rng)
+
         def score(new_keys):
             nonlocal lengths, how, k
-            new = [build_candidate(sel, sgm, balanced[t][0], balanced[t][1], t, r, e, name, rng)
-                   for t, r, e in new_keys]
+            new = [make(*key) for key in new_keys]
             sc, how, k, lengths = _score(sel, new, rng, lengths)
             cands.extend(new)
             keys.extend(new_keys)
             scores.extend(sc)
 
         score(stage1)
-        best_theta = keys[int(np.argmin([sc[0] for sc in scores]))][0]
-        stage2 = [(best_theta, r, e) for r in use for e in (epss if r == "curve" else (0.0,))
-                  if (best_theta, r, e) not in keys]
-        if stage2:
-            score(stage2)
+        blt_idx = [i for i, key in enumerate(keys) if key[1] not in BASELINE_ORDERS]
+        if blt_idx:
+            best_theta = keys[min(blt_idx, key=lambda i: scores[i][0])][0]
+            stage2 = [(best_theta, r, e) for r in blt for e in (epss if r == "curve" else (0.0,))
+                      if (best_theta, r, e) not in keys]
+            if stage2:
+                score(stage2)
         best = int(np.argmin([sc[0] for sc in scores]))
         choice = keys[best]
         info_sel = {"selection": how, "scenarios": float(k), "candidates": float(len(cands)),
                     "selection_groups": float(len(sel.prompts)), "pred_e2e_mean": scores[best][0],
-                    "pred_e2e_p90": scores[best][1], "pred_rollout_mean": scores[best][2]}
+                    "pred_e2e_p90": scores[best][1], "pred_rollout_mean": scores[best][2],
+                    "scored_max_lag": float(problem.max_lag), "scored_work_stealing": float(problem.work_stealing)}
         if sel is problem:
             a = cands[best]
             a.params.update(info_sel)
             a.validate(G)
             return a
     theta, rule, eps_base = choice
-    owner, info = balance(gm, problem, theta)
-    a = build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng)
+    if rule in BASELINE_ORDERS:
+        a = baseline_candidate(problem, rule, rng, name, gm)
+    else:
+        owner, info = balance(gm, problem, theta)
+        a = build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng)
     a.params.update(info_sel)
     a.validate(G)
     return a

@@ -81,19 +81,23 @@ def build_plan(prompts: PromptSet, estimate: LengthEstimate, *, instances: int, 
                max_new_tokens: int, planner: str = "asp", groups_per_iteration: Optional[int] = None,
                cost: Optional[CostModel] = None, rho: float = 1.0, kv_budget: Optional[int] = None,
                seed: int = 0, provenance: Optional[Dict[str, Any]] = None,
-               progress: Optional[bool] = None, reselect_every: int = 8) -> BuildResult:
+               progress: Optional[bool] = None, reselect_every: int = 8, max_lag: int = 1,
+               work_stealing: bool = True) -> BuildResult:
     """Plan every iteration window of `prompts` with `planner` and return the plan with provenance.
 
     `estimate` covers all rows of `prompts` (from `estimate_lengths` or any estimator); an `oracle_*` planner
     must be given an oracle's estimate. `progress` None shows a tqdm bar on stderr for large inputs.
     For the ASP planners the scenario search of (theta, order rule, eps) runs on every `reselect_every`-th
     window and the windows in between reuse its choice (windows of one epoch are alike; this keeps a 10^5-group
-    epoch in seconds); 0 searches on every window.
+    epoch in seconds); 0 searches on every window. `max_lag` and `work_stealing` are the run's (asp.max_lag,
+    asp.work_stealing): the ASP planners score their candidates in that regime.
     """
     if len(estimate) != len(prompts):
         raise ValueError(f"estimate has {len(estimate)} groups, dataset has {len(prompts)}")
     if instances < 1 or slots < 1 or minibatch < 1:
         raise ValueError("instances, slots and minibatch must be >= 1")
+    if max_lag < 0:
+        raise ValueError("max_lag must be >= 0")
     cost = cost or CostModel()
     fn = get_planner(planner)
     starts = iteration_starts(len(prompts), groups_per_iteration)
@@ -114,7 +118,8 @@ def build_plan(prompts: PromptSet, estimate: LengthEstimate, *, instances: int, 
         problem = PlanningProblem(prompts=prompts.subset(rows), estimate=slice_estimate(estimate, rows),
                                   instances=int(instances), spec=spec, minibatch=int(minibatch), cost=cost,
                                   max_new_tokens=int(max_new_tokens), rho=float(rho),
-                                  seed=int(rng.integers(1 << 31)))
+                                  seed=int(rng.integers(1 << 31)), max_lag=int(max_lag),
+                                  work_stealing=bool(work_stealing))
         if planner in ASP_FAMILY and reselect_every and it % reselect_every and chosen is not None:
             if planner.startswith("oracle_") and not is_oracle_estimate(problem):
                 fn(problem, rng)  # raises the oracle planner's own error
@@ -138,6 +143,8 @@ def build_plan(prompts: PromptSet, estimate: LengthEstimate, *, instances: int, 
         "minibatch_groups": int(minibatch),
         "groups_per_iteration": int(groups_per_iteration) if groups_per_iteration else len(prompts),
         "max_new_tokens": int(max_new_tokens),
+        "max_lag": int(max_lag),
+        "work_stealing": bool(work_stealing),
         "rho": float(rho),
         "seed": int(seed),
         "cost": {"a": cost.a, "b": cost.b, "c": cost.c, "p": cost.p, "source": cost.source},

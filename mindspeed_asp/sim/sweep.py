@@ -40,6 +40,7 @@ class SweepConfig:
     overhead: float = 0.0
     estimator: str = "history"
     stale_policy: str = "wait"
+    work_stealing: Optional[bool] = None  # None: on for stream (the runtime's asp/async modes), off for stock
     cost: CostModel = CostModel()
     single_scaling: Optional[Callable[[int], float]] = None
 
@@ -128,17 +129,19 @@ def run_planner(wb: Workbench, planner: str, mode: str, cfg: SweepConfig, **sim_
     from mindspeed_asp.scheduler.planners import get_planner, needs_oracle
 
     wl = wb.workload
+    steal = (mode == "stream") if cfg.work_stealing is None else bool(cfg.work_stealing)
+    # the planner is told the regime it will run in (max_lag, stealing), as `asp plan --config` tells it
     problem = PlanningProblem(prompts=wl.prompts, estimate=wb.oracle if needs_oracle(planner) else wb.estimate,
                               instances=cfg.instances, spec=InstanceSpec(slots=cfg.slots, kv_budget=cfg.kv_budget),
                               minibatch=cfg.minibatch, cost=cfg.cost, max_new_tokens=int(wl.max_new_tokens),
-                              rho=cfg.rho, seed=wb.seed)
+                              rho=cfg.rho, seed=wb.seed, max_lag=cfg.max_lag, work_stealing=steal)
     trainer = trainer_for_rho(cfg.rho, wl.truth, wl.prompts.prompt_lens, wb.r_lb, cfg.minibatch, cfg.overhead)
     t0 = time.perf_counter()
     assignment = get_planner(planner)(problem, np.random.default_rng(wb.seed))
     plan_s = time.perf_counter() - t0
     res = simulate_pipeline(problem, assignment, wl.truth, mode=mode, max_lag=cfg.max_lag, trainer=trainer,
                             sync_time=cfg.sync_time, single_scaling=cfg.single_scaling,
-                            stale_policy=cfg.stale_policy, **sim_kw)
+                            stale_policy=cfg.stale_policy, work_stealing=steal, **sim_kw)
     res.params["plan_seconds"] = plan_s
     res.params["rho"] = cfg.rho
     return res, plan_s
