@@ -49,13 +49,13 @@ def reward_curve(run_dir: Path) -> List[float]:
 def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any]:
     """Fit a, b, c from the run's own instance timings and simulate the same stock iterations.
 
-    Each generated group gives (active sequences ~ its samples, KV ~ prompt + half its length, time); the
-    per-instance engine totals (steps, busy seconds) from the trace are used through the fitted model by
-    the simulator (`sim.pipeline.simulate_pipeline`) on the observed lengths.
-    """
+    Each generated group is one timing row: its mean step time (span / longest sample) against the
+    sequences and KV tokens of the groups overlapping it on the same instance (group-level, since the
+    instance does not log per-step timings). The simulator then replays every stock iteration with the
+    observed lengths, the fitted cost, and the measured train and sync times.
+    """"""
     from mindspeed_asp.scheduler.planners import get_planner
-    from mindspeed_asp.scheduler.types import (CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
-                                               PromptSet)
+    from mindspeed_asp.scheduler.types import InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
     from mindspeed_asp.sim.cost_fit import fit_cost_model
     from mindspeed_asp.sim.pipeline import simulate_pipeline
     from mindspeed_asp.sim.trainer import TrainerModel

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -50,13 +50,6 @@ class _GroupInfo:
     prompt_index: int
     dispatch_version: int = -1
     window: int = 0
-
-
-@dataclass
-class StepHook:
-    """Called after every update with (driver, step record); tests use it to kill an instance mid-run."""
-
-    fn: Callable[["Driver", Dict[str, Any]], None]
 
 
 def _progress(total: int, enabled: bool):
