@@ -53,7 +53,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
     sequences and KV tokens of the groups overlapping it on the same instance (group-level, since the
     instance does not log per-step timings). The simulator then replays every stock iteration with the
     observed lengths, the fitted cost, and the measured train and sync times.
-    """"""
+    """
     from mindspeed_asp.scheduler.planners import get_planner
     from mindspeed_asp.scheduler.types import InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
     from mindspeed_asp.sim.cost_fit import fit_cost_model
