@@ -184,3 +184,25 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
     cfg.write_text("asp:\n  instances: 3\n  slotz: 8\n")
     err = run_error(capsys, ["plan", "--dataset", str(data), "--config", str(cfg), "-o", str(tmp_path / "p.jsonl")])
     assert str(cfg) in err and "asp.slotz" in err
+
+
+def test_max_lag_and_stealing_come_from_config_and_flags(tmp_path, capsys):
+    data, hist = write_inputs(tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("asp:\n  instances: 2\n  slots: 8\n  minibatch_groups: 2\n  max_lag: 4\n  work_stealing: false\n")
+    out = tmp_path / "plan.parquet"
+    args = ["plan", "--dataset", str(data), "--history", str(hist), "--config", str(cfg), "--n", "4",
+            "--no-progress", "-o", str(out)]
+    assert main(args) == 0
+    h = load_plan(out).header
+    assert (h["max_lag"], h["work_stealing"]) == (4, False)
+    assert h["planner_params"][0]["scored_max_lag"] == 4.0 and h["planner_params"][0]["scored_work_stealing"] == 0.0
+    assert main(args + ["--max-lag", "2"]) == 0
+    assert load_plan(out).header["max_lag"] == 2
+    assert main(base_args(data, hist, out)) == 0  # no config: the asp: defaults (max_lag 1, stealing on)
+    h = load_plan(out).header
+    assert (h["max_lag"], h["work_stealing"]) == (1, True)
+    assert main(base_args(data, hist, out, "--no-work-stealing")) == 0
+    assert load_plan(out).header["work_stealing"] is False
+    err = run_error(capsys, base_args(data, hist, out, "--max-lag", "-1"))
+    assert "--max-lag" in err
