@@ -90,7 +90,8 @@ class WindowPlanner:
                                   spec=InstanceSpec(slots=self.asp.slots, kv_budget=self.asp.kv_budget_tokens),
                                   minibatch=self.asp.minibatch_groups, cost=self.cost,
                                   max_new_tokens=self.max_new_tokens, rho=float(self.asp.rho or rho),
-                                  seed=int(self.rng.integers(1 << 31)))
+                                  seed=int(self.rng.integers(1 << 31)), max_lag=int(self.asp.max_lag),
+                                  work_stealing=bool(self.asp.work_stealing))
         assignment = self.planner(problem, self.rng)
         assignment.validate(len(gids))
         pred = est.sample_lengths(sub.n).sum(axis=1)
