@@ -21,14 +21,14 @@ import numpy as np
 from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.fluid import GroupMoments, group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
-from mindspeed_asp.scheduler.types import Assignment, LengthEstimate, PlanningProblem
+from mindspeed_asp.scheduler.types import Assignment, InstanceSpec, LengthEstimate, PlanningProblem
 
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
 DEAL_BALANCE = -2.0  # theta value meaning "longest first, dealt round-robin" (equal counts, even tails)
 BASELINE_THETA = -3.0  # theta value recorded when a baseline order (its own placement) won the selection
 THETA_GRID = (0.5, 0.7, LPT_BALANCE, DEAL_BALANCE)
 EPS_GRID = (0.0, 0.3)
-RULES = ("curve", "random", "long_first")
+RULES = ("curve", "long_first")  # "random" stays a valid rule; verl_kk (random order) is a candidate instead
 DEFAULT_THETA = 0.5
 DEFAULT_RULE = "curve"
 DEFAULT_EPS = 0.2
@@ -37,6 +37,7 @@ SIM_SCENARIOS = 2  # event simulator: each scenario is one full simulation per c
 SIM_SEQ_BUDGET = 3200  # small windows get more scenarios: up to this many simulated sequences per candidate
 SIM_MAX_SCENARIOS = 6
 SELECT_GROUPS = 200  # windows above this are scored on a subsample of this many groups
+SELECT_MIN_INSTANCES = 4  # ... on at least this many instances (or all of them when fewer)
 # Baseline orders scored besides BLT's own (BLT's LPT and deal balances with the long_first rule already are
 # lpt and sorted_desc, plus local search; adding them again would break the 0.2 s budget of 1000 x 8).
 BASELINE_ORDERS = ("sorted_asc", "verl_kk")
@@ -218,8 +219,12 @@ def build_candidate(problem: PlanningProblem, gm: GroupMoments, owner: np.ndarra
 def _selection_problem(problem: PlanningProblem, rng: np.random.Generator) -> PlanningProblem:
     """The window itself, or a random subsample of SELECT_GROUPS groups on proportionally fewer instances.
 
-    The subsample keeps groups per instance, slots, and the number of minibatches per window, so the
-    ranking of (theta, order rule, eps) carries over while the search costs the same for any window size.
+    The subsample keeps the number of minibatches per window and the queue depth of an instance (groups per
+    instance over slots: how many waves of admissions an instance runs), so the ranking of (theta, order
+    rule, eps) carries over while the search costs the same for any window size. It keeps up to
+    SELECT_MIN_INSTANCES instances (a one-instance proxy cannot tell balances apart): when that raises the
+    instance count, the slots shrink in proportion instead, but not below 4 groups in flight per instance
+    (fewer instances are used then).
     """
     G = len(problem.prompts)
     if G <= SELECT_GROUPS:
@@ -231,8 +236,18 @@ def _selection_problem(problem: PlanningProblem, rng: np.random.Generator) -> Pl
                              p_trunc=est.p_trunc[rows], has_history=est.has_history[rows],
                              estimator=est.estimator, params=est.params,
                              samples=None if est.samples is None else est.samples[rows])
+    m = problem.instances
+    spec = problem.spec
+    base = max(1, int(round(m * frac)))
+    min_slots = min(spec.slots, 4 * problem.prompts.n)  # a proxy needs a few groups in flight per instance
+    for m_sub in range(max(base, min(m, SELECT_MIN_INSTANCES)), base - 1, -1):
+        B_sub = int(min(spec.slots, max(1, round(spec.slots * (SELECT_GROUPS / m_sub) / (G / m)))))
+        if B_sub >= min_slots or m_sub == base:
+            break
+    if B_sub != spec.slots:  # the KV budget stays: fewer slots only make it looser
+        spec = InstanceSpec(slots=B_sub, kv_budget=spec.kv_budget)
     return PlanningProblem(prompts=problem.prompts.subset(rows), estimate=sub_est,
-                           instances=max(1, int(round(problem.instances * frac))), spec=problem.spec,
+                           instances=m_sub, spec=spec,
                            minibatch=max(1, int(round(problem.minibatch * frac))), cost=problem.cost,
                            max_new_tokens=problem.max_new_tokens, rho=problem.rho, seed=problem.seed,
                            max_lag=problem.max_lag, work_stealing=problem.work_stealing)
