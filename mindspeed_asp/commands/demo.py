@@ -51,12 +51,15 @@ def handler(args: argparse.Namespace) -> int:
     # Every config is validated before Ray starts, so a bad override fails in a second, not minutes in.
     cfgs = [build_config(args.config, list(args.overrides) + extra, mode, str(out / name))
             for name, mode, extra in variants]
+    # The engines' own log lines (vLLM start-up, per-sync reload notices) would bury the table: they stay in
+    # Ray's session logs (/tmp/ray/session_latest/logs) unless --verbose; actor errors still reach us.
     ray_utils.start_local_ray(num_cpus=cfgs[0].run.ray_num_cpus, object_store_mb=cfgs[0].run.ray_object_store_mb,
-                              env=QUIET_ENV)
+                              env=QUIET_ENV, log_to_driver=bool(args.verbose))
     try:
         for (name, _, _), cfg in zip(variants, cfgs):
             print(f"== {name}: {cfg.asp.instances} instances, {cfg.run.steps} updates of "
-                  f"{cfg.asp.minibatch_groups} groups x {cfg.data.n} samples, max_lag {cfg.asp.max_lag}",
+                  f"{cfg.asp.minibatch_groups} groups x {cfg.data.n} samples, "
+                  + ("synchronous" if cfg.asp.mode == "stock" else f"max_lag {cfg.asp.max_lag}"),
                   flush=True)
             run_training(cfg, out / name, progress=not args.quiet)
     finally:
@@ -76,5 +79,6 @@ def register(subparsers) -> None:
     p.add_argument("--modes", default=DEFAULT_VARIANTS,
                    help=f"comma-separated variants, mode[@key=value...] (default {DEFAULT_VARIANTS})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--verbose", action="store_true", help="show the engines' own log lines (vLLM, Ray workers)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     p.set_defaults(func=handler)
