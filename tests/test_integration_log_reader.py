@@ -87,3 +87,24 @@ def test_compare_reads_stock_and_asp_logs_side_by_side(tmp_path, capsys):
     rows = json.loads((tmp_path / "c.json").read_text())
     assert [r["e2e_tps"] for r in rows] == [100.0, 250.0]
     assert not math.isnan(rows[0]["timing/rollout"])
+
+
+def test_compare_uses_mindspeed_rl_columns_when_a_log_is_involved(tmp_path, capsys):
+    from mindspeed_asp.cli import main
+    stock = tmp_path / "stock.log"
+    write_log(stock, 3, e2e=(100.0,))
+    asp_run = tmp_path / "asp_run"
+    asp_run.mkdir()
+    import json
+    # An ASP run directory answers MindSpeed-RL's columns with its DESIGN.md section 5 names.
+    (asp_run / "summary.json").write_text(json.dumps({
+        "mode": "asp", "throughput/e2e_tps": 250.0, "throughput/rollout_tps": 900.0, "time/iteration": 2.0,
+        "time/rollout": 1.5, "time/train": 0.4, "length/trained_mean": 321.0, "lag/max": 1}))
+    assert main(["compare", str(stock), str(asp_run)]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    for col in ("e2e_tps", "vllm_tps", "timing/all", "timing/rollout", "timing/update", "resp len mean"):
+        assert col in header
+    asp_line = next(line for line in out.splitlines() if line.startswith("asp_run"))
+    assert "250 (x2.50)" in asp_line
+    assert "321" in asp_line

@@ -14,20 +14,45 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from mindspeed_asp.errors import InputError
 
 Loader = Callable[[Path], Dict[str, Any]]
+MSRL_SOURCE = "mindspeed-rl log"
 _LOADERS: List[Tuple[Callable[[Path], bool], Loader]] = []
 
-#: (column title, summary key, ratio sense): +1 higher is better, -1 lower is better, 0 no ratio.
-COLUMNS = [
-    ("e2e_tps", "throughput/e2e_tps", +1),
-    ("rollout tok/s", "throughput/rollout_tps", +1),
-    ("iter s", "time/iteration", -1),
-    ("pad", "bubble/padding", 0),
-    ("skew", "bubble/skewness", 0),
-    ("sort", "bubble/sorting", 0),
-    ("lag mean", "lag/mean", 0),
-    ("lag max", "lag/max", 0),
-    ("reward", "reward/final", 0),
+#: (column title, summary keys tried in order, ratio sense): +1 higher is better, -1 lower is better, 0 none.
+Column = Tuple[str, Tuple[str, ...], int]
+
+#: ASP run directories: DESIGN.md section 5 names (MindSpeed-RL's names as fall-backs).
+COLUMNS: List[Column] = [
+    ("e2e_tps", ("throughput/e2e_tps", "e2e_tps"), +1),
+    ("rollout tok/s", ("throughput/rollout_tps", "vllm_tps"), +1),
+    ("iter s", ("time/iteration", "timing/all"), -1),
+    ("pad", ("bubble/padding",), 0),
+    ("skew", ("bubble/skewness",), 0),
+    ("sort", ("bubble/sorting",), 0),
+    ("lag mean", ("lag/mean",), 0),
+    ("lag max", ("lag/max",), 0),
+    ("reward", ("reward/final",), 0),
 ]
+
+#: Used as soon as one run is a MindSpeed-RL log, so stock MindSpeed-RL and ASP line up under MindSpeed-RL's
+#: own metric names; an ASP run directory answers with its DESIGN.md names.
+MSRL_COLUMNS: List[Column] = [
+    ("e2e_tps", ("e2e_tps", "throughput/e2e_tps"), +1),
+    ("vllm_tps", ("vllm_tps", "throughput/rollout_tps"), +1),
+    ("timing/all", ("timing/all", "time/iteration"), -1),
+    ("timing/rollout", ("timing/rollout", "time/rollout"), -1),
+    ("timing/update", ("timing/update", "time/train"), -1),
+    ("resp len mean", ("response_length/mean", "length/trained_mean"), 0),
+    ("resp len max", ("response_length/max",), 0),
+    ("lag max", ("lag/max",), 0),
+    ("reward", ("reward/final", "grpo/score/mean"), 0),
+]
+
+
+def _value(run: Dict[str, Any], keys: Sequence[str]) -> Any:
+    for key in keys:
+        if run.get(key) is not None:
+            return run[key]
+    return None
 
 
 def register_loader(predicate: Callable[[Path], bool], loader: Loader, first: bool = False) -> None:
@@ -63,6 +88,7 @@ def _mindspeed_log_loader() -> Optional[Loader]:
         summary.pop("per_iteration", None)
         summary.setdefault("name", p.name)
         summary.setdefault("mode", "mindspeed-rl log")
+        summary["source"] = MSRL_SOURCE
         return summary
 
     return load
@@ -96,17 +122,20 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def compare_table(runs: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[List[str]]]:
-    """Header and rows; ratio columns read `value (x ratio)` against the first run (higher = better)."""
-    header = ["run", "mode"] + [c[0] for c in COLUMNS]
+def compare_table(runs: Sequence[Dict[str, Any]],
+                  columns: Optional[Sequence[Column]] = None) -> Tuple[List[str], List[List[str]]]:
+    """Header and rows; ratio columns read `value (x ratio)` against the first run (x > 1 = better)."""
+    if columns is None:
+        columns = MSRL_COLUMNS if any(r.get("source") == MSRL_SOURCE for r in runs) else COLUMNS
+    header = ["run", "mode"] + [c[0] for c in columns]
     base = runs[0]
     rows = []
     for r in runs:
         row = [str(r.get("name", "?")), str(r.get("mode", "?"))]
-        for _, key, sense in COLUMNS:
-            v = r.get(key)
+        for _, keys, sense in columns:
+            v = _value(r, keys)
             cell = _fmt(v)
-            b = base.get(key)
+            b = _value(base, keys)
             if sense and r is not base and isinstance(v, (int, float)) and isinstance(b, (int, float)) \
                     and v > 0 and b > 0:
                 ratio = v / b if sense > 0 else b / v
@@ -126,7 +155,7 @@ def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]
     """The printed table and the loaded summaries (used by `asp demo` too)."""
     runs = [load_run(p) for p in paths]
     header, rows = compare_table(runs)
-    note = "ratios vs the first run; e2e_tps/rollout higher is better, iteration time lower is better"
+    note = "ratios vs the first run, x > 1 is better (throughput higher, times lower)"
     return format_table(header, rows) + "\n" + note, runs
 
 
