@@ -9,7 +9,6 @@ without an engine.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.errors import InputError
 from mindspeed_asp.scheduler.types import CostModel
 
 COST_KEYS = ("a", "b", "c", "p")
@@ -75,19 +73,11 @@ def fit_step_costs(samples: Sequence[StepSample]) -> Dict[str, Any]:
 
 
 def read_cost_json(path: str) -> CostModel:
-    """The simulator's CostModel from a file written by `asp fit-cost`; names the file on bad input."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError("cost file not found", path=str(p)) from None
-    except ValueError as exc:
-        raise InputError(f"not valid JSON ({exc})", path=str(p)) from None
-    for k in COST_KEYS:
-        if not isinstance(data.get(k), (int, float)):
-            raise InputError("missing or non-numeric cost parameter", path=str(p), key=k)
-    return CostModel(a=float(data["a"]), b=float(data["b"]), c=float(data["c"]), p=float(data["p"]),
-                     source=str(data.get("source", str(p))))
+    """The simulator's CostModel from a file written by `asp fit-cost` (one reader for plan, simulate and
+    runtime: `sim.cost_fit.load_cost_json`); names the file and key on bad input."""
+    from mindspeed_asp.sim.cost_fit import load_cost_json
+
+    return load_cost_json(path)
 
 
 def build_engine(model_path: str, max_batch: int, max_model_len: int, max_batched_tokens: int,
