@@ -3,7 +3,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mindspeed_asp.cli import main
@@ -77,7 +76,7 @@ def test_eval_malformed_trace_names_file_and_line(tmp_path, capsys):
     assert main(["lengths", "eval", "--trace", f"alpaca:{path}"]) == 2
     err = capsys.readouterr().err
     assert f"{path}:3" in err and "L_t0.3" in err and "negative" in err
-    assert main(["lengths", "eval", "--trace", f"synthetic:prompts=5", "--target", "t0.5"]) == 2
+    assert main(["lengths", "eval", "--trace", "synthetic:prompts=5", "--target", "t0.5"]) == 2
     assert "alpaca" in capsys.readouterr().err
 
 

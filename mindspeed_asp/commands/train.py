@@ -7,7 +7,6 @@ trace.json and plots under the output directory, and starts and stops its own lo
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 

@@ -121,7 +121,7 @@ class RunRecorder:
     def _bubbles(self) -> Dict[str, float]:
         out: Dict[str, float] = {}
         windows = sorted({g.window for g in self.groups})
-        skews, tails, pads, lbs = [], [], [], []
+        skews, tails = [], []
         for w in windows:
             gs = [g for g in self.groups if g.window == w]
             sk = skewness(gs, self.instances)

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
-import numpy as np
 
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
     ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB, PlanOrderedBatches)
