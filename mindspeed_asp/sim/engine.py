@@ -27,7 +27,9 @@ Work stealing (`work_stealing=True`, the runtime's `asp.work_stealing`): an inst
 while it has a free slot takes the not-started group at the *tail* of the queue of the most loaded instance
 (load = predicted tokens of its not-started groups when `steal_load` is given, else their count), as the
 runtime's dispatcher does (`runtime/dispatcher.py`). Taking from the tail keeps the victim's plan order; a
-partly admitted group is never split. Every steal is counted per thief and per group.
+partly admitted group is never split, and an instance held by the gate is not robbed (admission is closed;
+the runtime steals only within its admission budget); `notify` lets idle instances steal when the budget
+reopens. Every steal is counted per thief and per group.
 """
 from __future__ import annotations
 
@@ -339,11 +341,22 @@ class Cluster:
             pass
 
     def notify(self, t: float) -> None:
-        """Re-offer held groups at time t (the gate's answer may have changed, e.g. a new version)."""
-        for j, ins in enumerate(self.insts):
+        """Re-offer held groups at time t (the gate's answer may have changed, e.g. a new version).
+
+        Held instances are offered in order of fewest running sequences (then index), as the runtime's
+        dispatcher fills the instance with the fewest groups in flight first; a fixed index order would let
+        the low-numbered instances take all the admission budget and starve the others.
+        """
+        held = [j for j, ins in enumerate(self.insts) if ins.held]
+        for j in sorted(held, key=lambda k: (self.insts[k].n, k)):
+            ins = self.insts[j]
             if ins.held:
                 ins.held = False
                 self._wake(j, t)
+        if self.work_stealing:  # idle instances with nothing queued may steal what the budget now allows
+            for j, ins in enumerate(self.insts):
+                if ins.n == 0 and not ins.front and ins.ptr >= len(ins.queue) and not ins.held:
+                    self._wake(j, t)
 
     def _wake(self, j: int, t: float) -> None:
         """Let instance j admit at time t: now if idle, else at its first step boundary at or after t."""
@@ -500,8 +513,9 @@ class Cluster:
             if v == j:
                 continue
             start = len(other.queue) - nsamp
-            # a whole not-started group at the tail (a partly admitted group is never split)
-            if start < 0 or start < other.ptr or not other.head[start]:
+            # a whole not-started group at the tail (a partly admitted group is never split); not from an
+            # instance held by the gate: admission is closed, and the runtime steals only within its budget
+            if start < 0 or start < other.ptr or not other.head[start] or other.held:
                 continue
             if best < 0 or self._qload[v] > best_load:
                 best, best_load = v, self._qload[v]
