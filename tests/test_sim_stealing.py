@@ -87,7 +87,7 @@ def test_pipeline_defaults_stealing_on_for_stream_and_off_for_stock_and_keeps_th
 @pytest.mark.parametrize("seed", range(4))
 def test_stealing_never_loses_on_one_sided_imbalance(seed):
     rng = np.random.default_rng(seed)
-    G, n, m = 48, 4, 3
+    G, n = 48, 4
     L = np.minimum(rng.lognormal(4.5, 0.9, size=(G, n)).astype(np.int64) + 1, 1500)
     plens = np.full(G, 16)
     order = rng.permutation(G)
