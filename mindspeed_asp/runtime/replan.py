@@ -35,9 +35,9 @@ def cost_from_section(asp: AspSection) -> CostModel:
     """The cost model of the `asp.cost` section (a fitted JSON file wins over the inline numbers)."""
     c = asp.cost
     if c.file:
-        data = json.loads(Path(c.file).read_text())
-        return CostModel(a=float(data["a"]), b=float(data["b"]), c=float(data["c"]), p=float(data.get("p", 0.0)),
-                         source=str(c.file))
+        from mindspeed_asp.sim.cost_fit import load_cost_json
+
+        return load_cost_json(c.file)  # names the file and key on a bad cost file
     return CostModel(a=c.a, b=c.b, c=c.c, p=c.p, source="asp.cost section")
 
 
