@@ -282,3 +282,19 @@ def test_scenarios_use_the_measured_prediction_error():
     assert 0.8 < spread[0] < 1.2 and spread[1] < 0.2
     oracle = make_problem(30, oracle=True)
     assert scenarios.sample_scenarios(oracle, 5, np.random.default_rng(0)).shape == (1, 30, 8)
+
+
+def test_fifo_is_dataset_order_dealt_round_robin():
+    from mindspeed_asp.scheduler.planners import get_planner
+    from mindspeed_asp.scheduler.types import (CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+                                               PromptSet)
+    G, m = 10, 3
+    prompts = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(G)], dtype=object),
+                        prompt_lens=np.full(G, 8), n=2)
+    est = LengthEstimate(median=np.linspace(10, 100, G), group_max=np.linspace(20, 200, G), sigma=np.full(G, .3),
+                         p_trunc=np.zeros(G), has_history=np.ones(G, bool))
+    problem = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=4), minibatch=2,
+                              cost=CostModel(), max_new_tokens=256)
+    a = get_planner("fifo")(problem, np.random.default_rng(0))
+    assert [list(o) for o in a.orders] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert a.planner == "fifo"
