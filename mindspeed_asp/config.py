@@ -59,7 +59,8 @@ class AspSection(Strict):
     plan_path: Optional[str] = None
     history_path: Optional[str] = None
     replan_every: int = Field(1, ge=0, description="re-plan the next window every k iterations (0 = once)")
-    rho: Optional[float] = Field(None, gt=0.0, description="trainer/rollout work ratio; None = measured")
+    rho: Optional[float] = Field(None, gt=0.0, description="trainer/rollout work ratio the planner assumes; "
+                                 "None = 1.0 (set it from a measured run: time/train over instance busy time)")
     estimator: EstimatorSection = EstimatorSection()
     cost: CostSection = CostSection()
 
