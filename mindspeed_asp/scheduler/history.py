@@ -25,6 +25,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.jsonl import iter_jsonl_objects
 
 SCHEMA_VERSION = 1
 PathLike = Union[str, Path]
@@ -320,22 +321,13 @@ class LengthHistory:
         counts: List[int] = []
         values: List[int] = []
         lines: List[int] = []
-        with path.open() as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=lineno) from None
-                if not isinstance(rec, dict):
-                    raise InputError("each line must be a JSON object", path=str(path), line=lineno)
-                pid, epoch, lens = _parse_record(rec, lengths_keys, str(path), lineno)
-                pids.append(pid)
-                epochs.append(epoch)
-                counts.append(len(lens))
-                values.extend(lens)
-                lines.append(lineno)
+        for lineno, rec in iter_jsonl_objects(path):
+            pid, epoch, lens = _parse_record(rec, lengths_keys, str(path), lineno)
+            pids.append(pid)
+            epochs.append(epoch)
+            counts.append(len(lens))
+            values.extend(lens)
+            lines.append(lineno)
         if not pids:
             return 0
         pid_arr = np.array(pids, dtype=object)

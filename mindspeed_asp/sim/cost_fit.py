@@ -16,6 +16,7 @@ from typing import Dict, Optional, Union
 import numpy as np
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.scheduler.types import CostModel
 
 COLUMNS = ("active", "kv_tokens", "prefill_tokens", "step_time")
@@ -85,16 +86,7 @@ def load_step_timings(path: PathLike) -> Dict[str, np.ndarray]:
             for lineno, rec in enumerate(reader, start=2):
                 rows.append((lineno, rec))
     else:
-        for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=lineno) from None
-            if not isinstance(rec, dict):
-                raise InputError("each line must be a JSON object", path=str(path), line=lineno)
-            rows.append((lineno, rec))
+        rows.extend(iter_jsonl_objects(path))
     out = {k: np.zeros(len(rows)) for k in COLUMNS}
     for i, (lineno, rec) in enumerate(rows):
         for k in COLUMNS:
