@@ -106,3 +106,12 @@ def test_cli_reports_config_errors_as_one_line(capsys):
     assert main(["train", "--config", str(TINY), "asp.max_lag=-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "asp.max_lag" in err[0] and "tiny_cpu.yaml" in err[0]
+
+
+def test_error_from_a_command_line_override_says_so():
+    from mindspeed_asp.errors import ConfigError
+    from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
+
+    with pytest.raises(ConfigError, match=r"asp\.max_lag.*command-line override 'asp\.max_lag=-1'") as info:
+        load_run_config(packaged_config_path(), ["asp.max_lag=-1"])
+    assert info.value.key == "asp.max_lag"

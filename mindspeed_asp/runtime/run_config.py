@@ -123,8 +123,17 @@ def config_from_dict(data: Dict[str, Any], path: str = "<dict>", overrides: Opti
     data = copy.deepcopy(data)
     if overrides:
         apply_overrides(data, list(overrides))
-    cfg = validate_section(data, RunConfig, path)
-    return validate_semantics(cfg, path, devices)
+    try:
+        cfg = validate_section(data, RunConfig, path)
+        return validate_semantics(cfg, path, devices)
+    except ConfigError as exc:
+        # A key set on the command line is named as such, so nobody searches the file for it.
+        culprit = next((o for o in overrides or [] if exc.key and o.split("=", 1)[0].strip() == exc.key), None)
+        if culprit is None:
+            raise
+        err = ConfigError(f"{exc} (from the command-line override {culprit!r})")
+        err.path, err.line, err.key = exc.path, exc.line, exc.key
+        raise err from None
 
 
 def load_run_config(path: str | Path, overrides: Optional[List[str]] = None,
