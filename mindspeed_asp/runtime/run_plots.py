@@ -10,23 +10,15 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
+from mindspeed_asp.plotting import pyplot, save_figure
 from mindspeed_asp.runtime.metrics_log import TRACE_FILE
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_run(run_dir: str | Path) -> List[Path]:
     """Write gantt.png, queue.png, lag_hist.png and reward.png into `run_dir`; returns the paths."""
     run_dir = Path(run_dir)
     trace = json.loads((run_dir / TRACE_FILE).read_text())
-    plt = _plt()
+    plt = pyplot()
     out = [_gantt(plt, trace, run_dir / "gantt.png"), _queue(plt, trace, run_dir / "queue.png"),
            _lag(plt, trace, run_dir / "lag_hist.png"), _reward(plt, trace, run_dir / "reward.png")]
     return out
@@ -50,10 +42,7 @@ def _gantt(plt, trace: Dict, path: Path) -> Path:
     ax.set_yticklabels([f"instance {j}" for j in range(trace["instances"])])
     ax.set_xlabel("seconds (red lines: optimizer updates; colour: policy version)")
     ax.set_title(_title(trace, "Rollout Gantt chart"))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def _queue(plt, trace: Dict, path: Path) -> Path:
@@ -66,10 +55,7 @@ def _queue(plt, trace: Dict, path: Path) -> Path:
     ax.set_xlabel("seconds (orange: trainer starved while rollout active)")
     ax.set_ylabel("finished groups queued")
     ax.set_title(_title(trace, "Sample queue occupancy"))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def _lag(plt, trace: Dict, path: Path) -> Path:
@@ -82,10 +68,7 @@ def _lag(plt, trace: Dict, path: Path) -> Path:
     ax.set_ylabel("samples")
     ax.legend()
     ax.set_title(_title(trace, "Lag"), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def _reward(plt, trace: Dict, path: Path) -> Path:
@@ -95,22 +78,16 @@ def _reward(plt, trace: Dict, path: Path) -> Path:
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("mean reward of trained samples")
     ax.set_title(_title(trace, "Reward"), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def plot_reward_curves(curves: Dict[str, List[float]], path: str | Path, xlabel: str = "trained samples") -> Path:
     """Several runs' reward curves on one axis (benchmarks: asp max_lag 1/2 against stock)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, ys in curves.items():
         ax.plot(range(1, len(ys) + 1), ys, label=name)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("mean reward")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=100)

@@ -11,14 +11,8 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from mindspeed_asp.plotting import pyplot, save_figure
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def gantt(results: Sequence, path: str | Path, max_groups_drawn: int = 20000) -> Path:
@@ -27,7 +21,7 @@ def gantt(results: Sequence, path: str | Path, max_groups_drawn: int = 20000) ->
     Also marks trainer updates (ticks above the instances). With more than `max_groups_drawn` groups a
     uniform subsample is drawn so the file stays small.
     """
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.collections import LineCollection
 
     results = list(results)
@@ -61,16 +55,12 @@ def gantt(results: Sequence, path: str | Path, max_groups_drawn: int = 20000) ->
         ax.set_title(f"{r.planner} ({r.mode}): iteration {r.metrics['time/iteration']:.1f} s, rollout "
                      f"{r.metrics['time/rollout']:.1f} s; red = trainer updates", fontsize=9)
     axes[-1, 0].set_xlabel("time (s)")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def queue_occupancy(results: Sequence, minibatch: int, path: str | Path) -> Path:
     """Ready-queue occupancy (finished, untrained groups) over time per run, with the minibatch size M."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4))
     for r in results:
         ax.step(r.queue_t, r.queue_q, where="post", lw=1.1,
@@ -79,11 +69,7 @@ def queue_occupancy(results: Sequence, minibatch: int, path: str | Path) -> Path
     ax.set_xlabel("time (s)")
     ax.set_ylabel("groups waiting for the trainer")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 BUBBLES = ("bubble/padding", "bubble/skewness", "bubble/sorting", "bubble/startup")
@@ -92,7 +78,7 @@ BUBBLES = ("bubble/padding", "bubble/skewness", "bubble/sorting", "bubble/startu
 def bubble_breakdown(rows: Dict[str, Dict[str, float]], path: str | Path,
                      keys: Sequence[str] = BUBBLES) -> Path:
     """Grouped bars: per planner, each bubble metric in percent (rows: planner label -> metrics)."""
-    plt = _plt()
+    plt = pyplot()
     labels: List[str] = list(rows)
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels) + 2), 4))
     width = 0.8 / len(keys)
@@ -104,16 +90,12 @@ def bubble_breakdown(rows: Dict[str, Dict[str, float]], path: str | Path,
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("% of slot-steps / instance time / run time")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def lag_histogram(results: Sequence, max_lag: int, path: str | Path) -> Path:
     """Per run, the share of trained samples at each policy lag, with the bound marked."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.6))
     top = max([int(r.lags.max()) if len(r.lags) else 0 for r in results] + [max_lag])
     bins = np.arange(top + 2) - 0.5
@@ -127,8 +109,4 @@ def lag_histogram(results: Sequence, max_lag: int, path: str | Path) -> Path:
     ax.set_xlabel("policy lag of a trained sample (updates)")
     ax.set_ylabel("share of samples")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
