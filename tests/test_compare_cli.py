@@ -20,7 +20,7 @@ class Clock:
         return self.t
 
 
-def fake_run(tmp_path, name, mode, iter_s, skew_end):
+def fake_run(tmp_path, name, mode, iter_s, skew_end, offpolicy=None):
     """A 2-step run: instance 0 busy [0, 4], instance 1 busy [0, skew_end]; steps end at iter_s, 2*iter_s."""
     clock = Clock()
     rec = RunRecorder(tmp_path / name, mode=mode, instances=2, slots=4, minibatch_groups=1, max_lag=1,
@@ -33,7 +33,7 @@ def fake_run(tmp_path, name, mode, iter_s, skew_end):
     for step, lags in ((0, [0, 0, 0, 0]), (1, [1, 1, 1, 1])):
         rec.log_step({"step": step, "version": step + 1, "t_end": iter_s * (step + 1), "time/iteration": iter_s,
                       "time/train": 0.5, "time/weight_sync": 0.1, "reward/mean": 0.1 * (step + 1),
-                      "tokens/trained": 50}, lags)
+                      "tokens/trained": 50, **((offpolicy or {}).get(step, {}))}, lags)
     rec.write()
     return rec
 
@@ -113,3 +113,30 @@ def test_mindspeed_rl_log_file_is_read_by_the_log_reader(tmp_path):
     assert runs[0]["name"] == "stock_mindspeed.log"
     # ratio column against the log's run: asp's iteration time 5 s vs 12 s
     assert "(x2.40)" in table
+
+
+def test_offpolicy_metrics_summarised_and_compared(tmp_path):
+    from mindspeed_asp.runtime.metrics_log import offpolicy_fields
+
+    steps = {0: {"offpolicy/iw_mean": 1.0, "offpolicy/iw_max": 1.0, "offpolicy/iw_frac_capped": 0.0,
+                 "offpolicy/clip_frac": 0.1, "offpolicy/iw_mean_lag0": 1.0, "lag/token_weighted_mean": 0.0},
+             1: {"offpolicy/iw_mean": 1.5, "offpolicy/iw_max": 2.0, "offpolicy/iw_frac_capped": 0.25,
+                 "offpolicy/clip_frac": 0.3, "offpolicy/iw_mean_lag1": 1.5, "lag/token_weighted_mean": 1.0}}
+    fake_run(tmp_path, "plain", "stock", 10.0, 1.0)
+    fake_run(tmp_path, "dec", "asp", 5.0, 4.0, offpolicy=steps)
+    s = json.loads((tmp_path / "dec" / "summary.json").read_text())
+    assert s["offpolicy/iw_mean"] == pytest.approx(1.25)  # mean over steps
+    assert s["offpolicy/iw_max"] == pytest.approx(2.0)  # max over steps
+    assert s["offpolicy/iw_frac_capped"] == pytest.approx(0.125)
+    assert s["offpolicy/iw_mean_lag1"] == pytest.approx(1.5)  # only the step that had lag 1
+    assert s["lag/token_weighted_mean"] == pytest.approx(0.5)
+    assert read_steps(tmp_path / "dec")[1]["offpolicy/iw_frac_capped"] == 0.25
+    assert offpolicy_fields({"offpolicy/iw_mean": 1, "loss": 3.0, "lag/token_weighted_mean": 0.5}) == {
+        "offpolicy/iw_mean": 1.0, "lag/token_weighted_mean": 0.5}
+    table, _ = compare_runs([tmp_path / "plain", tmp_path / "dec"])
+    header = table.splitlines()[0]
+    assert "iw mean" in header and "iw capped" in header and "clip" in header and "tok lag" in header
+    dec_line = [line for line in table.splitlines() if line.startswith("dec ")][0]
+    assert "1.25" in dec_line and "0.125" in dec_line
+    plain, _ = compare_runs([tmp_path / "plain"])
+    assert "iw mean" not in plain  # runs without the metrics keep the old table

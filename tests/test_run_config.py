@@ -33,6 +33,10 @@ def test_overrides_apply_with_yaml_types():
     ("asp.max_lag=abc", "asp.max_lag"),
     ("run.steps=0", "run.steps"),
     ("asp.mode=fast", "asp.mode"),
+    ("trainer.objective=ppo", "trainer.objective"),
+    ("trainer.iw_cap=0.5", "trainer.iw_cap"),
+    ("trainer.iw_mode=row", "trainer.iw_mode"),
+    ("trainer.iw_clip=2", "trainer.iw_clip"),
 ])
 def test_bad_keys_and_values_name_key_and_file(override, key):
     with pytest.raises(ConfigError) as exc:
@@ -115,3 +119,11 @@ def test_error_from_a_command_line_override_says_so():
     with pytest.raises(ConfigError, match=r"asp\.max_lag.*command-line override 'asp\.max_lag=-1'") as info:
         load_run_config(packaged_config_path(), ["asp.max_lag=-1"])
     assert info.value.key == "asp.max_lag"
+
+
+def test_trainer_objective_keys_default_to_standard_and_override():
+    cfg = load_run_config(TINY)
+    assert (cfg.trainer.objective, cfg.trainer.iw_cap, cfg.trainer.iw_mode) == ("standard", 2.0, "token")
+    assert RunConfig().trainer.objective == "standard"  # the file states the code defaults
+    cfg = load_run_config(TINY, ["trainer.objective=decoupled", "trainer.iw_cap=3", "trainer.iw_mode=sequence"])
+    assert (cfg.trainer.objective, cfg.trainer.iw_cap, cfg.trainer.iw_mode) == ("decoupled", 3.0, "sequence")

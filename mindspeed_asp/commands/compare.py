@@ -48,6 +48,18 @@ MSRL_COLUMNS: List[Column] = [
 ]
 
 
+#: Appended when any run logged the off-policy correction: the reference trainer's `offpolicy/*` summary keys,
+#: or the `asp/*` keys the MindSpeed-RL loss patch adds to MindSpeed-RL's actor metrics.
+OFFPOLICY_COLUMNS: List[Column] = [
+    ("tok lag", ("lag/token_weighted_mean",), 0),
+    ("|prox-behav|", ("offpolicy/behav_prox_absdiff_mean", "asp/behav_prox_absdiff_mean"), 0),
+    ("iw mean", ("offpolicy/iw_mean", "asp/iw_mean"), 0),
+    ("iw max", ("offpolicy/iw_max", "asp/iw_max"), 0),
+    ("iw capped", ("offpolicy/iw_frac_capped", "asp/iw_frac_capped"), 0),
+    ("clip", ("offpolicy/clip_frac", "asp/clip_frac"), 0),
+]
+
+
 def _value(run: Dict[str, Any], keys: Sequence[str]) -> Any:
     for key in keys:
         if run.get(key) is not None:
@@ -127,6 +139,8 @@ def compare_table(runs: Sequence[Dict[str, Any]],
     """Header and rows; ratio columns read `value (x ratio)` against the first run (x > 1 = better)."""
     if columns is None:
         columns = MSRL_COLUMNS if any(r.get("source") == MSRL_SOURCE for r in runs) else COLUMNS
+        if any(_value(r, keys) is not None for r in runs for _, keys, _ in OFFPOLICY_COLUMNS[1:]):
+            columns = list(columns) + OFFPOLICY_COLUMNS
     header = ["run", "mode"] + [c[0] for c in columns]
     base = runs[0]
     rows = []

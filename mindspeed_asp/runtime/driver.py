@@ -29,7 +29,7 @@ import numpy as np
 
 from mindspeed_asp.errors import AspError, WeightSyncError
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
-from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder
+from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_fields
 from mindspeed_asp.runtime.run_config import RunConfig, dump_config
 
 POLL_S = 0.05
@@ -139,7 +139,8 @@ class Driver:
         self.trainer = GRPOTrainer(self.model_path, lr=cfg.trainer.lr, clip_eps=cfg.trainer.clip_eps,
                                    kl_coef=cfg.trainer.kl_coef, micro_batch_size=cfg.trainer.micro_batch_size,
                                    seed=cfg.run.seed, max_grad_norm=cfg.trainer.max_grad_norm,
-                                   dtype=cfg.model.dtype)
+                                   dtype=cfg.model.dtype, objective=cfg.trainer.objective,
+                                   iw_cap=cfg.trainer.iw_cap, iw_mode=cfg.trainer.iw_mode)
         self._open_sync_group()
         self._warmup()
 
@@ -495,6 +496,7 @@ class Driver:
             "queue/groups": self.queue.occupancy(), "in_flight": self.dispatcher.in_flight_count(),
             "weights/verified": bool(sync.get("verified", False)),
             "gids": gids, **{k: v for k, v in self.queue.counters().items() if k != "queue/occupancy"},
+            **offpolicy_fields(stats),
         }
         self._sample_memory()
         rec["memory/rss_gib"] = self.peak_rss

@@ -104,6 +104,7 @@ class RunRecorder:
         s: Dict[str, Any] = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
                              "steps": len(self.steps)}
         s.update(lag_stats(self.lags, self.max_lag))
+        s.update(offpolicy_summary(self.steps))
         s.update(self._bubbles())
         s.update(self._times_and_throughput())
         rewards = [r["reward/mean"] for r in self.steps if "reward/mean" in r]
@@ -192,6 +193,28 @@ def lag_stats(lags: Sequence[int], max_lag: int) -> Dict[str, float]:
     return {"lag/mean": float(a.mean()), "lag/p99": float(np.percentile(a, 99)), "lag/max": int(a.max()),
             "lag/frac_over_bound": float((a > max_lag).mean()),
             "lag/hist": {str(int(k)): int(v) for k, v in zip(*np.unique(a, return_counts=True))}}
+
+
+#: Per-step keys of the off-policy correction (the trainer's `offpolicy/*` stats) and the token-weighted lag.
+OFFPOLICY_PREFIX = "offpolicy/"
+TOKEN_LAG_KEY = "lag/token_weighted_mean"
+
+
+def offpolicy_fields(train_stats: Dict[str, Any]) -> Dict[str, float]:
+    """The `offpolicy/*` and `lag/token_weighted_mean` entries of a trainer's step stats, as floats."""
+    return {k: float(v) for k, v in train_stats.items()
+            if (k.startswith(OFFPOLICY_PREFIX) or k == TOKEN_LAG_KEY) and v is not None}
+
+
+def offpolicy_summary(steps: Sequence[Dict[str, Any]]) -> Dict[str, float]:
+    """Run-level off-policy metrics from the step records: the max over steps for `*_max` keys, the mean over
+    the steps that logged it for every other key (a per-lag key only counts the steps that had that lag)."""
+    values: Dict[str, List[float]] = {}
+    for rec in steps:
+        for k, v in offpolicy_fields(rec).items():
+            if math.isfinite(v):
+                values.setdefault(k, []).append(v)
+    return {k: float(max(v)) if k.endswith("_max") else float(np.mean(v)) for k, v in sorted(values.items())}
 
 
 def _union_length(intervals: List[Tuple[float, float]]) -> float:

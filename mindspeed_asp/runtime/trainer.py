@@ -7,6 +7,10 @@ model. Micro-batches are right-padded and their padding is reported as the train
 (`bubble/padding_train`, DESIGN.md section 5). `named_weights` yields exactly the HF names vLLM's
 `load_weights` accepts, with a tied output embedding sent once under the input embedding's name.
 
+`objective="decoupled"` trains AReaL's decoupled PPO objective instead (grpo.decoupled_policy_loss): the
+ratio is taken against the proximal policy (the weights before this update) and the staleness of the
+sampler is corrected by a truncated importance weight; docs/trainer.md explains when to use which.
+
 On Ascend the trainer is MindSpeed-RL's Megatron actor; this one is the stand-in with the same contract.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from mindspeed_asp.runtime import grpo
 
 CHECKPOINT_FORMAT = "mindspeed_asp.grpo_trainer/1"
+OBJECTIVES = ("standard", "decoupled")
 
 
 def default_torch_device() -> str:
@@ -36,12 +41,16 @@ def default_torch_device() -> str:
 
 @dataclass
 class _Seq:
-    """One sample flattened for training: prompt + response tokens, behaviour log-probs, advantage."""
+    """One sample flattened for training: prompt + response tokens, behaviour log-probs, advantage, its lag
+    (trainer version - oldest version that produced it) and, per response token, whether the trainer's
+    current weights generated it."""
 
     tokens: List[int]
     prompt_len: int
     behaviour: List[float]
     advantage: float
+    lag: int = 0
+    current: Optional[List[bool]] = None
 
     @property
     def length(self) -> int:
@@ -68,7 +77,8 @@ class GRPOTrainer:
                  seed: int = 0, device: Optional[Union[str, torch.device]] = None,
                  max_grad_norm: Optional[float] = 1.0, clip_eps_high: Optional[float] = None,
                  weight_decay: float = 0.0, scale_adv_by_std: bool = True, sort_by_length: bool = True,
-                 dtype: str = "float32", missing_logprobs: str = "error", temperature: float = 1.0) -> None:
+                 dtype: str = "float32", missing_logprobs: str = "error", temperature: float = 1.0,
+                 objective: str = "standard", iw_cap: float = 2.0, iw_mode: str = "token") -> None:
         from transformers import AutoModelForCausalLM
 
         if lr <= 0:
@@ -83,12 +93,19 @@ class GRPOTrainer:
             raise ValueError("temperature must be > 0 (the rollout's sampling temperature)")
         if missing_logprobs not in ("error", "recompute"):
             raise ValueError("missing_logprobs must be 'error' or 'recompute'")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        if iw_mode not in grpo.IW_MODES:
+            raise ValueError(f"iw_mode must be one of {grpo.IW_MODES}, got {iw_mode!r}")
+        if not iw_cap >= 1.0:
+            raise ValueError(f"iw_cap must be >= 1, got {iw_cap!r}")
         self.model_path = str(model_path)
         self.lr, self.clip_eps, self.clip_eps_high, self.kl_coef = lr, clip_eps, clip_eps_high, kl_coef
         self.micro_batch_tokens, self.micro_batch_size = micro_batch_tokens, micro_batch_size
         self.max_grad_norm, self.scale_adv_by_std, self.sort_by_length = max_grad_norm, scale_adv_by_std, sort_by_length
         self.missing_logprobs = missing_logprobs
         self.temperature = float(temperature)
+        self.objective, self.iw_cap, self.iw_mode = objective, float(iw_cap), iw_mode
         self.seed = seed
         self.device = torch.device(device if device is not None else default_torch_device())
         torch.manual_seed(seed)
@@ -112,7 +129,9 @@ class GRPOTrainer:
         log-probs before the update), grad_norm (before clipping), entropy, tokens (response tokens
         trained), tokens_total (prompt + response), samples, micro_batches, bubble/padding_train (padded /
         (padded + real) tokens over all micro-batches), bubble/padding_train_max (worst micro-batch),
-        reward_mean, adv_abs_mean, response_len_mean, version (after the update), time.
+        reward_mean, adv_abs_mean, response_len_mean, version (after the update), time; and, in both
+        objectives, `offpolicy/*` (behaviour vs proximal log-probs, importance weights, clip fraction, per
+        lag) and `lag/token_weighted_mean` (see docs/trainer.md).
         """
         t0 = time.perf_counter()
         seqs, reward_flat = self._flatten(groups, rewards)
@@ -123,23 +142,36 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         acc = {"pg": 0.0, "kl": 0.0, "clip": 0.0, "ratio": 0.0, "mismatch": 0.0, "entropy": 0.0}
         ratio_max, padded_total, real_total, pad_shares = 0.0, 0, 0, []
+        decoupled = self.objective == "decoupled"
+        offpolicy: List[grpo.OffPolicyTerms] = []
         for idx in micro:
             batch = [seqs[i] for i in idx]
             padded, real = grpo.padding_bubble([s.length for s in batch])
             padded_total, real_total = padded_total + padded, real_total + real
             pad_shares.append(padded / (padded + real))
-            ids, attn, resp_mask, behaviour, has_behaviour, adv = self._tensors(batch)
+            ids, attn, resp_mask, behaviour, has_behaviour, current, adv = self._tensors(batch)
             logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1] / self.temperature
             logp = grpo.token_logprobs(logits, ids[:, 1:])
             # Rows without engine log-probs (missing_logprobs="recompute") are treated as on-policy.
             behaviour = torch.where(has_behaviour[:, None], behaviour, logp.detach())
+            # The proximal policy is the weights before this update. A train_step makes one optimizer step
+            # after all micro-batches, so those are the weights of this very forward: its detached log-probs
+            # are the proximal log-probs (a second no_grad forward would give the same numbers at twice the cost).
+            prox = logp.detach()
             ref_logp = None
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref_logits = self.ref_model(input_ids=ids, attention_mask=attn).logits[:, :-1]
                     ref_logp = grpo.token_logprobs(ref_logits / self.temperature, ids[:, 1:])
             loss_sum, st = grpo.grpo_token_loss(logp, behaviour, adv, resp_mask, self.clip_eps,
-                                                self.clip_eps_high, ref_logp, self.kl_coef)
+                                                self.clip_eps_high, ref_logp, self.kl_coef,
+                                                prox_logp=prox if decoupled else None, iw_cap=self.iw_cap,
+                                                iw_mode=self.iw_mode, current=current)
+            terms = st.pop("offpolicy", None)
+            if terms is None:  # standard objective: log the weights the decoupled one would have applied
+                _, terms = grpo.decoupled_policy_loss(prox, prox, behaviour, adv, resp_mask, self.clip_eps,
+                                                      self.clip_eps_high, self.iw_cap, self.iw_mode, current)
+            offpolicy.append(terms.with_row_lags([s.lag for s in batch]))
             (loss_sum / n_resp).backward()
             with torch.no_grad():
                 acc["entropy"] += float(grpo.masked_sum(grpo.token_entropy(logits.detach()), resp_mask))
@@ -157,6 +189,10 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         pg_loss, kl = acc["pg"] / n_resp, acc["kl"] / n_resp
+        off = grpo.offpolicy_stats(grpo.OffPolicyTerms.concat(offpolicy))
+        off["clip_frac"] = acc["clip"] / n_resp  # the trained objective's (standard: against behaviour)
+        for k in ("tokens", "behav_unreported_frac"):  # already `tokens`; the trainer refuses unreported ones
+            off.pop(k)
         return {
             "loss": pg_loss + self.kl_coef * kl,
             "pg_loss": pg_loss,
@@ -179,6 +215,8 @@ class GRPOTrainer:
             "response_len_mean": n_resp / len(seqs),
             "version": self.version,
             "time": time.perf_counter() - t0,
+            **{f"offpolicy/{k}": v for k, v in off.items()},
+            "lag/token_weighted_mean": sum(s.lag * s.response_len for s in seqs) / n_resp,
         }
 
     def _flatten(self, groups: Sequence[Any], rewards: Sequence[Sequence[float]]) -> Tuple[List[_Seq], List[float]]:
@@ -216,7 +254,13 @@ class GRPOTrainer:
                     if not all(math.isfinite(x) for x in behaviour):
                         raise ValueError(f"group {grp.group_id!r} sample {i} has a non-finite behaviour "
                                          "log-prob (the engine did not report the sampled token's log-prob)")
-                seqs.append(_Seq(prompt + resp, len(prompt), behaviour, float(adv[i])))
+                lag = self.version - int(sample.min_version)
+                versions = list(getattr(sample, "token_versions", None) or [])
+                if len(versions) == len(resp):  # per token: a weight update may land mid-generation
+                    current = [int(v) >= self.version for v in versions]
+                else:
+                    current = [lag <= 0] * len(resp)
+                seqs.append(_Seq(prompt + resp, len(prompt), behaviour, float(adv[i]), lag, current))
         return seqs, flat
 
     def _micro_batches(self, seqs: List[_Seq]) -> List[List[int]]:
@@ -242,7 +286,8 @@ class GRPOTrainer:
 
     def _tensors(self, batch: List[_Seq]):
         """Right-padded ids, attention mask, and aligned to targets: response mask, behaviour log-probs, a
-        per-row flag saying whether the row has behaviour log-probs, and per-row advantages."""
+        per-row flag saying whether the row has behaviour log-probs, a per-token flag saying whether the
+        trainer's current weights generated the token, and per-row advantages."""
         width = max(s.length for s in batch)
         rows = len(batch)
         ids = torch.zeros((rows, width), dtype=torch.long)
@@ -250,6 +295,7 @@ class GRPOTrainer:
         resp_mask = torch.zeros((rows, width - 1), dtype=torch.float32)
         behaviour = torch.zeros((rows, width - 1), dtype=torch.float32)
         has_behaviour = torch.tensor([bool(s.behaviour) for s in batch], dtype=torch.bool)
+        current = torch.zeros((rows, width - 1), dtype=torch.bool)
         for r, s in enumerate(batch):
             ids[r, :s.length] = torch.tensor(s.tokens, dtype=torch.long)
             attn[r, :s.length] = 1
@@ -257,10 +303,12 @@ class GRPOTrainer:
             resp_mask[r, s.prompt_len - 1:s.length - 1] = 1.0
             if s.behaviour:
                 behaviour[r, s.prompt_len - 1:s.length - 1] = torch.tensor(s.behaviour, dtype=torch.float32)
+            if s.current:
+                current[r, s.prompt_len - 1:s.length - 1] = torch.tensor(s.current, dtype=torch.bool)
         adv = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
         dev = self.device
         return (ids.to(dev), attn.to(dev), resp_mask.to(dev), behaviour.to(dev), has_behaviour.to(dev),
-                adv.to(dev))
+                current.to(dev), adv.to(dev))
 
     # ------------------------------------------------------------------ inspection
     @torch.no_grad()
@@ -311,7 +359,8 @@ class GRPOTrainer:
             "optimizer": self.optimizer.state_dict(),
             "rng": torch.get_rng_state(),
             "hparams": {"lr": self.lr, "clip_eps": self.clip_eps, "kl_coef": self.kl_coef,
-                        "model_path": self.model_path},
+                        "model_path": self.model_path, "objective": self.objective, "iw_cap": self.iw_cap,
+                        "iw_mode": self.iw_mode},
         }
 
     def load_checkpoint(self, state: Union[Dict[str, Any], str, Path]) -> None:
