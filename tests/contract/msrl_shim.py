@@ -15,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PACKAGES = ["mindspeed_rl", "mindspeed_rl.trainer", "mindspeed_rl.trainer.utils", "mindspeed_rl.utils",
             "mindspeed_rl.datasets", "mindspeed_rl.workers", "mindspeed_rl.models", "mindspeed_rl.models.rollout",
-            "mindspeed_rl.config_cls"]
+            "mindspeed_rl.config_cls", "mindspeed_rl.models.loss"]
 
 
 def src() -> str:
