@@ -35,6 +35,47 @@ def test_pin_refuses_other_commits_unless_overridden(tmp_path, monkeypatch):
     assert check_mindspeed_rl_commit(str(tmp_path / "msrl")) == MINDSPEED_RL_COMMIT[:7]
 
 
+def _msrl_copy(path, commit=None):
+    (path / "mindspeed_rl").mkdir(parents=True)
+    (path / "mindspeed_rl" / "__init__.py").write_text("")
+    if commit is not None:
+        (path / "COMMIT").write_text(commit + "\n")
+    return path
+
+
+def test_commit_file_inside_another_repository_wins_over_the_parents_head(tmp_path, monkeypatch):
+    """A MindSpeed-RL copy without .git (vendored, release tarball) inside someone's checkout: git would walk
+    up and report the enclosing repository's HEAD; the pin check must read the copy's COMMIT file."""
+    monkeypatch.delenv("ASP_MINDSPEED_RL_COMMIT", raising=False)
+    monkeypatch.delenv("ASP_ALLOW_UNPINNED_MINDSPEED_RL", raising=False)
+    parent_head = _git_checkout(tmp_path / "outer")
+    msrl = _msrl_copy(tmp_path / "outer" / "vendor" / "MindSpeed-RL", MINDSPEED_RL_COMMIT)
+    assert installed_mindspeed_rl_commit(str(msrl)) == MINDSPEED_RL_COMMIT != parent_head
+    assert check_mindspeed_rl_commit(str(msrl)) == MINDSPEED_RL_COMMIT
+
+
+def test_copy_without_commit_inside_another_repository_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.delenv("ASP_MINDSPEED_RL_COMMIT", raising=False)
+    monkeypatch.delenv("ASP_ALLOW_UNPINNED_MINDSPEED_RL", raising=False)
+    parent_head = _git_checkout(tmp_path / "outer")
+    msrl = _msrl_copy(tmp_path / "outer" / "MindSpeed-RL")
+    assert installed_mindspeed_rl_commit(str(msrl)) is None
+    with pytest.raises(PinMismatchError, match="no .git or COMMIT file") as exc:
+        check_mindspeed_rl_commit(str(msrl))
+    assert parent_head not in str(exc.value)
+    (msrl / "COMMIT").write_text("not a sha\n")
+    assert installed_mindspeed_rl_commit(str(msrl)) is None
+
+
+def test_own_git_directory_wins_over_a_stale_commit_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("ASP_MINDSPEED_RL_COMMIT", raising=False)
+    msrl = tmp_path / "msrl"
+    (msrl).mkdir()
+    (msrl / "COMMIT").write_text(MINDSPEED_RL_COMMIT + "\n")
+    head = _git_checkout(msrl)
+    assert installed_mindspeed_rl_commit(str(msrl)) == head
+
+
 def test_stack_matches_the_install_guide():
     assert MINDSPEED_RL_COMMIT.startswith("05a90d7")
     assert STACK["vllm"].version == "0.11.0" and STACK["vllm_ascend"].commit == "1b16c01"
@@ -71,13 +112,28 @@ def test_cann_version_from_toolkit_file(tmp_path, monkeypatch):
 
 
 def test_hccl_env_flags_nz_layout(monkeypatch):
-    for k in ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_IF_BASE_PORT"):
+    for k in ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_IF_BASE_PORT") + dc.SOCKET_IFNAMES:
         monkeypatch.setenv(k, "1")
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1")
     c = dc.check_hccl_env("npu")
     assert c.status == dc.WARN and "VLLM_ASCEND_ENABLE_NZ" in c.found
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "0")
     assert dc.check_hccl_env("npu").status == dc.OK
+
+
+def test_hccl_env_flags_missing_socket_interfaces(monkeypatch):
+    for k in ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_IF_BASE_PORT"):
+        monkeypatch.setenv(k, "1")
+    for k in dc.SOCKET_IFNAMES:
+        monkeypatch.delenv(k, raising=False)
+    c = dc.check_hccl_env("npu")
+    assert c.status == dc.WARN and "HCCL_SOCKET_IFNAME" in c.found and "ASP_SOCKET_IFNAME" in c.fix
+
+
+def test_ray_check_only_looks_at_the_cluster_ray_address_names(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    c = dc.check_ray_resources("npu")
+    assert c.status == dc.SKIP and "RAY_ADDRESS" in c.found
 
 
 def test_doctor_checks_a_config(capsys, tmp_path):

@@ -161,10 +161,18 @@ def check_mindspeed(target: str) -> Check:
                  "(ASP falls back to its own patch registry)" if status == WARN else "")
 
 
+SOCKET_IFNAMES = ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
 def check_hccl_env(target: str) -> Check:
+    """HCCL timeouts and base port, the NICs HCCL/Gloo/TP bind to, and the ND weight layout.
+
+    Ray workers inherit these from `ray start` (runtime_env.yaml leaves the per-job and per-node ones out),
+    so they must be right in the environment that starts Ray on each node.
+    """
     if target != "npu":
         return Check("HCCL env", SKIP, "not an NPU target")
-    want = {"HCCL_CONNECT_TIMEOUT": None, "HCCL_EXEC_TIMEOUT": None, "HCCL_IF_BASE_PORT": None}
+    want = ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_IF_BASE_PORT") + SOCKET_IFNAMES
     missing = [k for k in want if not os.environ.get(k)]
     nz = os.environ.get("VLLM_ASCEND_ENABLE_NZ")
     problems = []
@@ -174,7 +182,8 @@ def check_hccl_env(target: str) -> Check:
         problems.append(f"VLLM_ASCEND_ENABLE_NZ={nz} (must be 0: synced weights are ND)")
     if problems:
         return Check("HCCL env", WARN, "; ".join(problems),
-                     "the launch scripts in shell/ export these; runtime_env.yaml sets them for Ray workers")
+                     "the launch scripts in shell/ export these before `ray start` on every node (socket "
+                     "interfaces from ASP_SOCKET_IFNAME, default: the NIC holding the node's IP)")
     return Check("HCCL env", OK, ", ".join(f"{k}={os.environ[k]}" for k in want))
 
 
@@ -202,12 +211,14 @@ def check_config(path: str, target: str) -> Check:
 
 
 def check_ray_resources(target: str, need: int = 0) -> Check:
-    """Resources of a running Ray cluster (only when one is reachable; never starts one)."""
-    if not os.environ.get("RAY_ADDRESS") and not Path("/tmp/ray/ray_current_cluster").exists():
-        return Check("ray cluster", SKIP, "no running cluster found", "")
+    """Resources of the Ray cluster RAY_ADDRESS names (never starts one, and never attaches to whatever
+    cluster `address="auto"` finds: on a shared node that may be another user's)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        return Check("ray cluster", SKIP, "RAY_ADDRESS not set (the shell/ scripts export it for their cluster)", "")
     try:
         import ray
-        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         res = ray.cluster_resources()
         ray.shutdown()
     except Exception as exc:  # cluster file stale or unreachable

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,16 +72,27 @@ def mindspeed_rl_root(src: Optional[str] = None) -> Optional[Path]:
     return Path(list(spec.submodule_search_locations)[0]).resolve().parent
 
 
+COMMIT_FILE = "COMMIT"  # one line, the commit a copy without .git was taken from (vendored or release trees)
+_SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
+
+
 def _read_git_head(root: Path) -> Optional[str]:
-    """HEAD commit of a checkout, with `git` when present, else by reading .git files (worktrees included)."""
+    """HEAD commit of the repository whose `.git` is `root/.git` itself, with `git` when present, else by
+    reading .git files (worktrees included). Never a parent directory's repository: a MindSpeed-RL copy
+    inside another checkout has no commit of its own there."""
+    git = root / ".git"
+    if not git.exists():
+        return None
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent))  # belt and braces: no walking up
+    env.pop("GIT_DIR", None)
+    env.pop("GIT_WORK_TREE", None)
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+                             timeout=10, env=env)
         if out.returncode == 0 and len(out.stdout.strip()) == 40:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    git = root / ".git"
     if git.is_file():  # worktree: "gitdir: <path>"
         text = git.read_text().strip()
         if text.startswith("gitdir:"):
@@ -104,24 +116,34 @@ def _read_git_head(root: Path) -> Optional[str]:
     return None
 
 
-def installed_mindspeed_rl_commit(src: Optional[str] = None) -> Optional[str]:
-    """The commit of the MindSpeed-RL checkout in use, or None when none is found or it is not a git tree.
+def _read_commit_file(root: Path) -> Optional[str]:
+    """The commit named by `root/COMMIT` (first word of its first line), or None when absent or not a sha."""
+    f = root / COMMIT_FILE
+    if not f.is_file():
+        return None
+    words = f.read_text(errors="replace").split()
+    return words[0].lower() if words and _SHA.match(words[0]) else None
 
-    `ASP_MINDSPEED_RL_COMMIT` names it for installs copied without their .git directory.
+
+def installed_mindspeed_rl_commit(src: Optional[str] = None) -> Optional[str]:
+    """The commit of the MindSpeed-RL checkout in use, or None when it cannot be known.
+
+    In order: env `ASP_MINDSPEED_RL_COMMIT`; the checkout's own `.git` (its root, never an enclosing
+    repository); a `COMMIT` file in its root (copies without .git).
     """
     if os.environ.get("ASP_MINDSPEED_RL_COMMIT"):
         return os.environ["ASP_MINDSPEED_RL_COMMIT"].strip()
     root = mindspeed_rl_root(src)
     if root is None:
         return None
-    return _read_git_head(root)
+    return _read_git_head(root) or _read_commit_file(root)
 
 
 def check_mindspeed_rl_commit(src: Optional[str] = None, allow_other: Optional[bool] = None) -> str:
     """Refuse a MindSpeed-RL other than the pinned commit unless explicitly allowed; returns the commit.
 
-    `allow_other` defaults to env ASP_ALLOW_UNPINNED_MINDSPEED_RL=1. An unknown commit (no .git) is refused
-    the same way: the patches cannot know what they bind to.
+    `allow_other` defaults to env ASP_ALLOW_UNPINNED_MINDSPEED_RL=1. An unknown commit (no .git, no COMMIT
+    file) is refused the same way: the patches cannot know what they bind to.
     """
     if allow_other is None:
         allow_other = os.environ.get(OVERRIDE_ENV, "") in ("1", "true", "yes")
@@ -134,7 +156,7 @@ def check_mindspeed_rl_commit(src: Optional[str] = None, allow_other: Optional[b
         return commit
     if allow_other:
         return commit or "unknown"
-    found = commit or "unknown (no .git; set ASP_MINDSPEED_RL_COMMIT)"
+    found = commit or f"unknown (no .git or {COMMIT_FILE} file in its root; set ASP_MINDSPEED_RL_COMMIT)"
     raise PinMismatchError(
         f"MindSpeed-RL at {root} is at commit {found}, but mindspeed-asp patches are written against "
         f"{MINDSPEED_RL_SHORT}: `git -C {root} checkout {MINDSPEED_RL_SHORT}`, or set {OVERRIDE_ENV}=1 to "
