@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mindspeed_asp.config import load_asp_section
+from mindspeed_asp.config import AspSection, load_asp_section, validate_section
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.integrations.mindspeed_rl.config_section import (
-    load_topology, resolve_env, rollout_dispatch_size, shell_vars, topology_from_dict)
+    LOSS_KEYS, load_topology, resolve_env, rollout_dispatch_size, scheduler_section, shell_vars, topology_from_dict)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ASCEND = ["qwen25_7b_A3_asp", "qwen25_32b_A3_asp", "qwen25_32b_A2_asp", "qwen3_8b_A3_asp", "qwen3_30b_a3b_dapo_A3_asp"]
@@ -27,9 +27,10 @@ EXPECTED = {
 def test_config_asp_section_and_topology(name, monkeypatch):
     monkeypatch.delenv("ASP_PLAN", raising=False)
     path = CONFIGS / f"{name}.yaml"
-    section = load_asp_section(path)  # the project's strict model
+    section = validate_section(scheduler_section(path)["asp"], AspSection, str(path), "asp")  # what asp plan reads
     assert section.mode == "asp"
     topo = load_topology(path)
+    assert (topo.asp.objective, topo.asp.iw_cap, topo.asp.iw_mode) == ("decoupled", 2.0, "token")
     train, rollout, inst, tp, separate = EXPECTED[name]
     assert (topo.train_npus, topo.rollout_npus, topo.instances, topo.infer_tp, topo.separate_pool) == \
         (train, rollout, inst, tp, separate)
@@ -67,6 +68,15 @@ def _base():
     (lambda d: d["asp"].update(max_lag=0, instances=3), "asp.instances"),
     (lambda d: d["rl_config"]["actor_resource"].update(num_npus="8"), "rl_config.actor_resource.num_npus"),
     (lambda d: d.pop("generate_config"), "generate_config"),
+    (lambda d: d["asp"].update(objective="ppo"), "asp.objective"),
+    (lambda d: d["asp"].update(iw_cap=1.0), "asp.iw_cap"),
+    (lambda d: d["asp"].update(iw_cap="big"), "asp.iw_cap"),
+    (lambda d: d["asp"].update(iw_mode="group"), "asp.iw_mode"),
+    (lambda d: d["generate_config"].update(enable_expert_parallel=True, infer_expert_parallel_size=8),
+     "generate_config.enable_expert_parallel"),
+    (lambda d: d["generate_config"].update(infer_expert_parallel_size=2), "generate_config.infer_expert_parallel_size"),
+    (lambda d: d["actor_config"].update(expert_model_parallel_size=2), "actor_config.expert_model_parallel_size"),
+    (lambda d: d.update(model={"qwen25_7b": {"num_experts": 64}}), "model.num_experts"),
 ])
 def test_contradictions_name_the_key(edit, key):
     data = _base()
@@ -87,3 +97,66 @@ def test_rollout_dispatch_size_splits_every_instance():
     assert rollout_dispatch_size([4, 4, 4, 4], 8, 16, 4) == 32
     assert rollout_dispatch_size([3, 5, 4, 4], 8, 16, 4) == 8
     assert rollout_dispatch_size([6, 2], 16, 8, 2) == 32
+
+
+def test_objective_keys_default_and_stay_out_of_the_scheduler_section(tmp_path):
+    data = _base()
+    for k in LOSS_KEYS:
+        data["asp"].pop(k, None)
+    topo = topology_from_dict(data)
+    assert (topo.asp.objective, topo.asp.iw_cap, topo.asp.iw_mode) == ("decoupled", 2.0, "token")
+    data["asp"].update(objective="standard", iw_cap=1.5, iw_mode="sequence")
+    assert topology_from_dict(data).asp.iw_mode == "sequence"
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_asp_section(path)  # the standalone model does not know the loss keys...
+    (tmp_path / "sched.yaml").write_text(yaml.safe_dump(scheduler_section(path)))
+    assert load_asp_section(tmp_path / "sched.yaml").instances == 8  # ...so asp plan reads this
+
+
+def _moe():
+    return yaml.safe_load((CONFIGS / "qwen3_30b_a3b_dapo_A3_asp.yaml").read_text())
+
+
+@pytest.mark.parametrize("asp", [{"max_lag": 1}, {"max_lag": 2}, {"mode": "async", "max_lag": 0}])
+def test_moe_config_refuses_the_asynchronous_pool_before_ray(asp, monkeypatch):
+    """Qwen3-30B-A3B (MoE, EP8 inference): the separate pool cannot transfer expert weights."""
+    monkeypatch.delenv("ASP_PLAN", raising=False)
+    data = _moe()
+    data["asp"].update(asp)
+    with pytest.raises(ConfigError, match="expert weights") as exc:
+        topology_from_dict(data, "moe.yaml")
+    assert "generate_config.enable_expert_parallel" in str(exc.value) and "moe.yaml" in str(exc.value)
+
+
+def test_moe_without_ep_flags_is_refused_from_mindspeed_rls_model_file(tmp_path, monkeypatch):
+    """Only Hydra's `defaults: model` says the model is MoE: read configs/model/<name>.yaml from the checkout."""
+    (tmp_path / "mindspeed_rl").mkdir()
+    (tmp_path / "configs" / "model").mkdir(parents=True)
+    (tmp_path / "configs" / "model" / "qwen3_30b_a3b.yaml").write_text("qwen3_30b_a3b:\n  num_experts: 128\n")
+    monkeypatch.setenv("MINDSPEED_RL_SRC", str(tmp_path))
+    data = _moe()
+    data["generate_config"].update(enable_expert_parallel=False, infer_expert_parallel_size=1)
+    data["actor_config"]["expert_model_parallel_size"] = 1
+    data["asp"]["max_lag"] = 1
+    with pytest.raises(ConfigError, match="model.num_experts"):
+        topology_from_dict(data, "moe.yaml")
+    data["asp"]["max_lag"] = 0
+    assert topology_from_dict(data).colocated_plan  # MindSpeed-RL's own engines: allowed
+
+
+def test_moe_colocated_plan_evens_out_generate_calls(monkeypatch):
+    monkeypatch.delenv("ASP_PLAN", raising=False)
+    topo = load_topology(CONFIGS / "qwen3_30b_a3b_dapo_A3_asp.yaml")
+    assert topo.vllm_dp_size == 8 and topo.equal_instance_calls and topo.colocated_plan
+    assert not load_topology(CONFIGS / "qwen25_7b_A3_asp.yaml").equal_instance_calls
+    data = _moe()
+    data["rl_config"]["actor_rollout_dispatch_size"] = 12  # 2 groups x n=8 = 16 rows per engine
+    with pytest.raises(ConfigError, match="rl_config.actor_rollout_dispatch_size"):
+        topology_from_dict(data, "moe.yaml")
+    data = _moe()
+    data["megatron_training"]["global_batch_size"] = 24
+    data["asp"]["minibatch_groups"] = 24
+    with pytest.raises(ConfigError, match="megatron_training.global_batch_size"):
+        topology_from_dict(data, "moe.yaml")

@@ -2,9 +2,10 @@
 
 MindSpeed-RL's config classes reject unknown keys (`BaseConfig.update` raises "The key: X is missing"), but
 `parse_training_config` reads only its own sections, so ASP's settings live in a top-level `asp:` section
-(validated strictly by `mindspeed_asp.config.AspSection`). This module reads both that section and the
-MindSpeed-RL sections ASP depends on (batch size, n, NPUs, inference TP) and checks that they agree, naming
-the offending key, before any NPU is touched.
+(validated strictly by `MsrlAspSection`: the project's `AspSection` plus the loss settings only the
+MindSpeed-RL trainer reads). This module reads both that section and the MindSpeed-RL sections ASP depends
+on (batch size, n, NPUs, inference TP, expert parallelism, shuffling) and checks that they agree, naming the
+offending key, before any NPU is touched or Ray is started.
 """
 from __future__ import annotations
 
@@ -13,13 +14,33 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Literal, Optional
+
+from pydantic import Field
 
 from mindspeed_asp.config import AspSection, read_yaml, validate_section
 from mindspeed_asp.errors import ConfigError
 
 CONFIG_ENV = "ASP_MSRL_CONFIG"  # path of the training YAML; exported before `ray start` by shell/ scripts
 MSRL_SECTIONS = ("megatron_training", "actor_config", "rl_config", "generate_config")
+
+
+class MsrlAspSection(AspSection):
+    """The `asp:` section of a MindSpeed-RL YAML: the scheduler's settings plus the loss patch's.
+
+    Why a subclass: the objective settings mean something only to the MindSpeed-RL loss patch, so the
+    standalone runtime's `AspSection` stays as it is; `scheduler_section` strips them for `asp plan`.
+    """
+
+    objective: Literal["standard", "decoupled"] = Field(
+        "decoupled", description="standard = MindSpeed-RL's PPO loss on the recomputed old log-probs; decoupled = "
+        "that loss times importance weights behaviour -> proximal policy (rollout_log_prob)")
+    iw_cap: float = Field(2.0, gt=1.0, description="upper clip of the decoupled importance weight")
+    iw_mode: Literal["token", "sequence"] = Field(
+        "token", description="importance weight per token, or one per sequence (product of its token ratios)")
+
+
+LOSS_KEYS = tuple(k for k in MsrlAspSection.model_fields if k not in AspSection.model_fields)
 
 
 @dataclass(frozen=True)
@@ -31,7 +52,7 @@ class MsrlTopology:
     separate pool: MindSpeed-RL's own colocated engines (`train_npus // infer_tp` of them) generate.
     """
 
-    asp: AspSection
+    asp: MsrlAspSection
     path: str
     gbs: int  # prompts per iteration (megatron_training.global_batch_size)
     n: int  # rl_config.n_samples_per_prompt
@@ -43,6 +64,8 @@ class MsrlTopology:
     seed: int
     max_num_seqs: int
     guarantee_order: bool
+    no_shuffle: bool = False  # megatron_training.no_shuffle: PromptDataLoader's sampler order
+    vllm_dp_size: int = 1  # VLLM_DP_SIZE MindSpeed-RL sets: infer EP size when enable_expert_parallel, else 1
 
     @property
     def colocated_plan(self) -> bool:
@@ -53,6 +76,13 @@ class MsrlTopology:
     def separate_pool(self) -> bool:
         """Modes `asp`/`async` with max_lag >= 1: a separate rollout pool and the asynchronous trainer."""
         return self.asp.mode in ("asp", "async") and not self.colocated_plan
+
+    @property
+    def equal_instance_calls(self) -> bool:
+        """Every colocated engine must make the same number of `generate()` calls: vLLM data parallelism
+        (VLLM_DP_SIZE > 1, MoE expert parallel) steps its DP ranks in lockstep, so a rank with fewer
+        planned chunks would leave the others waiting in a collective."""
+        return self.colocated_plan and self.vllm_dp_size > 1
 
     @property
     def instances(self) -> int:
@@ -122,7 +152,7 @@ def topology_from_dict(data: Dict[str, Any], path: str = "<config>") -> MsrlTopo
     if "asp" not in data:
         raise ConfigError("no top-level 'asp:' section", path=path)
     data = dict(data, asp=resolve_env(data["asp"], path, "asp"))
-    asp = validate_section(data["asp"], AspSection, path, prefix="asp")
+    asp = validate_section(data["asp"], MsrlAspSection, path, prefix="asp")
     topo = MsrlTopology(
         asp=asp, path=path,
         gbs=_int(data, "megatron_training.global_batch_size", path),
@@ -135,9 +165,78 @@ def topology_from_dict(data: Dict[str, Any], path: str = "<config>") -> MsrlTopo
         seed=_int(data, "megatron_training.seed", path, 1234, minimum=0),
         max_num_seqs=_int(data, "generate_config.max_num_seqs", path, 256),
         guarantee_order=bool(_get(data, "rl_config.guarantee_order", path, False)),
+        no_shuffle=bool(_get(data, "megatron_training.no_shuffle", path, False)),
+        vllm_dp_size=_vllm_dp_size(data, path),
     )
     _check(topo, data)
     return topo
+
+
+def _vllm_dp_size(data: Dict[str, Any], path: str) -> int:
+    """What cli/train_grpo.py and train_dapo.py put in VLLM_DP_SIZE (runtime_env.yaml says 1)."""
+    if bool(_get(data, "generate_config.enable_expert_parallel", path, False)):
+        return _int(data, "generate_config.infer_expert_parallel_size", path, 1)
+    return 1
+
+
+def _num_experts(data: Dict[str, Any], model: Optional[str]) -> int:
+    """`num_experts` of the model: from a `model:` section in the YAML, else MindSpeed-RL's
+    configs/model/<megatron_training.model>.yaml when its checkout is found (Hydra's `defaults`)."""
+    section = data.get("model")
+    if isinstance(section, dict):
+        inner = section.get(model) if model and isinstance(section.get(model), dict) else section
+        if isinstance(inner, dict) and inner.get("num_experts"):
+            return int(inner["num_experts"])
+    if not model:
+        return 0
+    from mindspeed_asp.integrations.mindspeed_rl.pins import mindspeed_rl_root
+    root = mindspeed_rl_root()
+    model_file = root / "configs" / "model" / f"{model}.yaml" if root else None
+    if model_file is None or not model_file.is_file():
+        return 0
+    inner = (read_yaml(model_file).get(model) or {})
+    return int(inner.get("num_experts") or 0) if isinstance(inner, dict) else 0
+
+
+def _refuse_moe_in_separate_pool(t: MsrlTopology, data: Dict[str, Any]) -> None:
+    """The separate pool's weight export and transfer carry dense weights only: expert weights (sharded over
+    EP ranks by Megatron, resharded by MindSpeed-RL's own colocated path) are never sent, so an MoE model
+    would generate with stale or missing experts. Refused before Ray starts; max_lag 0 (MindSpeed-RL's
+    colocated engines) stays allowed."""
+    if not t.separate_pool:
+        return
+    why = ("the asynchronous rollout pool (asp.mode {m!r}, asp.max_lag {lag}) cannot transfer expert weights; "
+           "use asp.max_lag: 0 (plan-ordered, MindSpeed-RL's colocated engines) or asp.mode: stock")
+    why = why.format(m=t.asp.mode, lag=t.asp.max_lag)
+    path = t.path
+    if bool(_get(data, "generate_config.enable_expert_parallel", path, False)):
+        raise ConfigError("expert-parallel inference: " + why, path=path, key="generate_config.enable_expert_parallel")
+    if _int(data, "generate_config.infer_expert_parallel_size", path, 1) > 1:
+        raise ConfigError("expert-parallel inference: " + why, path=path,
+                          key="generate_config.infer_expert_parallel_size")
+    if _int(data, "actor_config.expert_model_parallel_size", path, 1) > 1:
+        raise ConfigError("an expert-parallel (MoE) model: " + why, path=path,
+                          key="actor_config.expert_model_parallel_size")
+    model = _get(data, "megatron_training.model", path, None)
+    if _num_experts(data, model if isinstance(model, str) else None) > 1:
+        raise ConfigError(f"MoE model {model!r}: " + why, path=path, key="model.num_experts")
+
+
+def _check_equal_calls(t: MsrlTopology, data: Dict[str, Any]) -> None:
+    """With vLLM data parallelism the plan's per-engine group counts are evened out (data_patches.
+    balance_queues), which needs a batch that splits evenly and chunks that split each share."""
+    if not t.equal_instance_calls:
+        return
+    if t.gbs % t.instances:
+        raise ConfigError(f"with vLLM data parallelism (VLLM_DP_SIZE={t.vllm_dp_size}) every engine gets the same "
+                          f"number of groups: global_batch_size {t.gbs} must be a multiple of the {t.instances} "
+                          "engines", path=t.path, key="megatron_training.global_batch_size")
+    share = t.gbs // t.instances * t.n
+    size = _get(data, "rl_config.actor_rollout_dispatch_size", t.path, None)
+    if size is not None and (not isinstance(size, int) or size <= 0 or share % size or size % t.n):
+        raise ConfigError(f"with vLLM data parallelism each engine gets {share} rows per batch; set it to a multiple "
+                          f"of n={t.n} that divides {share} (e.g. {t.n})", path=t.path,
+                          key="rl_config.actor_rollout_dispatch_size")
 
 
 def _check(t: MsrlTopology, data: Dict[str, Any]) -> None:
@@ -153,6 +252,7 @@ def _check(t: MsrlTopology, data: Dict[str, Any]) -> None:
                           path=path, key="rl_config.partial_rollout_max_split")
     if t.asp.mode == "stock":
         return
+    _refuse_moe_in_separate_pool(t, data)
     if t.asp.minibatch_groups != t.gbs:
         raise ConfigError(f"the trainer consumes one MindSpeed-RL batch of global_batch_size={t.gbs} groups per "
                           f"update; set asp.minibatch_groups to {t.gbs}", path=path, key="asp.minibatch_groups")
@@ -171,6 +271,7 @@ def _check(t: MsrlTopology, data: Dict[str, Any]) -> None:
                           path=path, key="asp.instances")
     if t.asp.mode == "asp" and not t.guarantee_order:
         raise ConfigError("plan-ordered rows need guarantee_order: true", path=path, key="rl_config.guarantee_order")
+    _check_equal_calls(t, data)
 
 
 def load_topology(path: str | Path) -> MsrlTopology:
@@ -198,6 +299,19 @@ def rollout_dispatch_size(counts: list, n: int, gbs: int, instances: int) -> int
     return n * max(1, g)
 
 
+def scheduler_section(path: str | Path) -> Dict[str, Any]:
+    """The YAML's `asp:` section without the loss keys, `${oc.env:...}` resolved: what `asp plan --config`
+    (the project's strict `AspSection`) reads. The launch scripts write it next to the plan."""
+    data = read_yaml(path)
+    if "asp" not in data:
+        raise ConfigError("no top-level 'asp:' section", path=str(path))
+    section = resolve_env(data["asp"], str(path), "asp")
+    if not isinstance(section, dict):
+        raise ConfigError("expected a mapping", path=str(path), key="asp")
+    validate_section(section, MsrlAspSection, str(path), prefix="asp")
+    return {"asp": {k: v for k, v in section.items() if k not in LOSS_KEYS}}
+
+
 def shell_vars(t: MsrlTopology) -> str:
     """`KEY=value` lines for the launch scripts (sourced with eval)."""
     import shlex
@@ -209,10 +323,17 @@ def shell_vars(t: MsrlTopology) -> str:
     return "\n".join(f"{k}={shlex.quote(str(x))}" for k, x in v.items())
 
 
-if __name__ == "__main__":  # python -m ...config_section CONFIG.yaml -> shell variables (errors: one line, exit 2)
+if __name__ == "__main__":
+    # python -m ...config_section CONFIG.yaml                    -> shell variables
+    # python -m ...config_section --scheduler-section CONFIG OUT -> asp: section for `asp plan --config`
+    # (errors: one line, exit 2)
     import sys
     try:
-        print(shell_vars(load_topology(sys.argv[1])))
+        if sys.argv[1] == "--scheduler-section":
+            import yaml
+            Path(sys.argv[3]).write_text(yaml.safe_dump(scheduler_section(sys.argv[2]), sort_keys=False))
+        else:
+            print(shell_vars(load_topology(sys.argv[1])))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
