@@ -37,3 +37,7 @@ class PlanMismatchError(AspError):
 
 class WeightSyncError(AspError):
     """A weight-sync round failed or moved nothing; never ignored (vLLM communicators disable silently)."""
+
+
+class WeightSyncTimeout(WeightSyncError):
+    """A weight-sync peer did not answer within the deadline; the message names which one (rank, label)."""

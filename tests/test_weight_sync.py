@@ -2,12 +2,14 @@
 
 Proves every sync: the instances' checksums equal the trainer's, the instances' sampled-token log-probs
 equal an HF forward pass on the new weights, and their greedy output changes with the weights. Also the
-failure modes: a round with nothing to send, a disabled communicator, a broken group.
+failure modes: a round with nothing to send, a disabled communicator, a broken group, a rank claimed
+twice, a collective that never completes; and the bounded-memory checksum's detection and determinism.
 """
 from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +17,7 @@ torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
-from mindspeed_asp.errors import WeightSyncError  # noqa: E402
+from mindspeed_asp.errors import WeightSyncError, WeightSyncTimeout  # noqa: E402
 from mindspeed_asp.runtime import weight_sync as ws  # noqa: E402
 from mindspeed_asp.runtime.instance import start_instances  # noqa: E402
 from mindspeed_asp.runtime.platform import platform_from_name  # noqa: E402
@@ -102,6 +104,96 @@ def test_checksum_detects_changes():
     assert ws.checksums_match({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.5}) == ["b"]
     assert ws.checksums_match({"a": 1.0}, {"a": float("nan")}) == ["a"]
     assert ws.checksums_match({"a": 1.0}, {}) == ["a"]
+
+
+def _checksum_fixture(n: int):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, generator=g).to(torch.bfloat16)
+
+
+def test_checksum_catches_permutation_unwritten_chunk_and_swaps():
+    chunk = 2 * ws.CHECKSUM_BLOCK
+    x = _checksum_fixture(5 * chunk + 123)
+    i, j = 7, 3 * chunk + 7  # the same position in two different chunks
+    x[i], x[j] = 2.0, -2.0
+    ref = ws.tensor_checksum(x, chunk)
+    assert ws.tensor_checksum(x.clone(), chunk) == ref
+
+    def swapped(a, b):
+        y = x.clone()
+        y[a], y[b] = x[b], x[a]
+        return y
+
+    unwritten = x.clone()
+    unwritten[2 * chunk:3 * chunk] = 0  # one chunk of a transfer that never arrived
+    g = torch.Generator().manual_seed(1)
+    bad = {"permuted": x[torch.randperm(x.numel(), generator=g)], "unwritten chunk": unwritten,
+           "swap across chunks": swapped(i, j), "swap across blocks": swapped(i, i + ws.CHECKSUM_BLOCK),
+           "transposed": x[:4 * chunk].view(64, -1).t().contiguous().view(-1),
+           "neighbours swapped": swapped(i, i + 1)}
+    for what, y in bad.items():
+        assert ws.checksums_match({"w": ref}, {"w": ws.tensor_checksum(y, chunk)}) == ["w"], what
+
+
+def test_checksum_catches_a_swap_in_a_large_tensor_at_the_default_chunk():
+    x = _checksum_fixture(4 * ws.CHECKSUM_CHUNK_CPU + 99)
+    i, j = 1000, 2 * ws.CHECKSUM_CHUNK_CPU + 1000
+    x[i], x[j] = 1.5, -1.5
+    y = x.clone()
+    y[i], y[j] = x[j], x[i]
+    assert ws.checksums_match({"w": ws.tensor_checksum(x)}, {"w": ws.tensor_checksum(y)}) == ["w"]
+
+
+def test_checksum_is_the_same_for_any_chunk_thread_count_and_layout():
+    x = _checksum_fixture(3 * ws.CHECKSUM_BLOCK * 7 + 501)
+    threads = torch.get_num_threads()
+    try:
+        values = set()
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            for chunk in (ws.CHECKSUM_BLOCK, 3 * ws.CHECKSUM_BLOCK, None):
+                values.add(ws.tensor_checksum(x, chunk))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(values) == 1  # bit-identical: two processes checking the same bytes agree exactly
+    m = torch.randn(3000, 70)
+    assert ws.tensor_checksum(m.t()) == ws.tensor_checksum(m.t().contiguous())  # read without a full copy
+    assert ws.tensor_checksum(m[:, 3]) == ws.tensor_checksum(m[:, 3].contiguous())
+    assert ws.tensor_checksum(torch.empty(0, 4)) == 0.0
+    assert ws.tensor_checksum(torch.arange(10)) == ws.tensor_checksum(torch.arange(10.0))
+
+
+def test_checksum_never_allocates_more_than_one_chunk():
+    """Every tensor an op creates during the check is at most one fp32 chunk (a `.double()` would not be)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
+                      if isinstance(a, torch.Tensor)}
+            self.sizes += [(str(func), o.untyped_storage().nbytes()) for o in tree_flatten(out)[0]
+                           if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs]
+            return out
+
+    chunk = 2 * ws.CHECKSUM_BLOCK
+    cases = {"bf16": _checksum_fixture(9 * chunk + 5), "fp32 strided": torch.randn(9 * chunk + 5, 4)[:, 1]}
+    for what, x in cases.items():
+        ws.tensor_checksum(x, chunk)  # position weights are cached per device: not part of the check
+        with Allocations() as seen:
+            ws.tensor_checksum(x, chunk)
+        assert seen.sizes and max(n for _, n in seen.sizes) <= 4 * chunk, (what, max(seen.sizes, key=lambda s: s[1]))
+        # one plain and one weighted block sum per full chunk (9); the 5-element tail is summed alone
+        assert sum(1 for f, _ in seen.sizes if "sum.dim_IntList" in f) == 2 * 9
+        assert 4 * x.numel() > 8 * chunk  # the tensor's fp32 copy would have been far larger
+    with Allocations() as seen:
+        cases["bf16"].double().sum()
+    assert max(n for _, n in seen.sizes) > 4 * chunk  # the hook does see a full-size temporary
 
 
 def test_sync_reaches_both_instances_and_matches_hf(cluster, model_dir):
@@ -224,6 +316,61 @@ def test_disabled_communicator_is_refused():
 
     with pytest.raises(WeightSyncError, match="disabled"):
         ws._PyCommunicator(DisabledComm, "127.0.0.1", ws.free_port(), 0, 1, None, 10, CPU)
+
+
+def test_a_rank_claimed_twice_is_refused():
+    port = ws.free_port()
+    errors = []
+
+    def member(rank):
+        try:
+            ws.make_communicator(CPU, "127.0.0.1", port, rank, 3, timeout_s=2, label=f"member {rank}")
+        except WeightSyncError as exc:
+            errors.append(exc)
+
+    members = [threading.Thread(target=member, args=(r,)) for r in (0, 1)]
+    for th in members:
+        th.start()
+    time.sleep(0.5)  # rank 1 is claimed before the second claimant arrives
+    with pytest.raises(WeightSyncError, match="rank 1 .* already taken by 'member 1'"):
+        ws.GlooCommunicator("127.0.0.1", port, 1, 3, timeout_s=2, label="member 1 again")
+    for th in members:
+        th.join(30)
+    assert len(errors) == 2 and all("2 of 3 did not join" in str(e) for e in errors)  # rank 2 never came
+
+
+def test_a_device_collective_that_never_completes_times_out():
+    """PyNccl/PyHccl broadcasts are awaited by polling an event: a peer that never joins is a timeout."""
+
+    class NeverDone:  # the event of a collective whose peer never arrived
+        def record(self, stream):
+            pass
+
+        def query(self):
+            return False
+
+    class Comm:
+        available, disabled = True, False
+
+        def __init__(self, group, device):
+            self.calls = 0
+
+        def broadcast(self, tensor, src, stream):
+            self.calls += 1
+
+    class FakeNccl(ws._PyCommunicator):
+        backend = "nccl"
+
+    fake = SimpleNamespace(current_stream=lambda: None, torch_module=SimpleNamespace(Event=NeverDone))
+    comm = FakeNccl(Comm, "127.0.0.1", ws.free_port(), 0, 1, None, 0.5, fake, label="trainer")
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncTimeout,
+                       match=r"trainer: a nccl broadcast from rank 0 \(trainer\) did not complete within 0.5 s"):
+        comm.broadcast(torch.zeros(4), src=0)
+    assert 0.4 < time.monotonic() - t0 < 5
+    with pytest.raises(WeightSyncError, match="unusable"):
+        comm.broadcast(torch.zeros(4), src=0)
+    assert comm.comm.calls == 1
 
 
 def test_broken_group_raises():
