@@ -14,10 +14,21 @@ These patches make both follow the dispatch plan:
    into chunks of exactly `actor_rollout_dispatch_size` rows (MindSpeed-RL's `sync_generate_process`
    indexes `range(0, dispatch_size, n)`, so a short chunk would fail).
 
-Prompt ids are dataset indexes as strings (the ids `asp plan` gives MindSpeed-RL datasets).
+Prompt ids are dataset indexes as strings (the ids `asp plan` gives MindSpeed-RL datasets), listed in the
+order the run's PromptDataLoader would draw them (`loader_order`: its own sampler, so shuffled with the
+run's seed unless `no_shuffle`). The plan's windows are consecutive slices of that order, so iteration i
+plans exactly the prompts stock MindSpeed-RL would train in iteration i.
+
+With vLLM data parallelism (MoE, VLLM_DP_SIZE > 1) the per-engine queues are evened out first
+(`balance_queues`): vLLM's DP ranks step in lockstep, so every engine must make the same number of
+`generate()` calls.
+
+`REWARD_PATCHES` make the rule-reward stage score every row exactly once with any number of `RuleReward`
+actors (see `score_rule_rewards_exactly_once`).
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
@@ -109,23 +120,41 @@ def plan_cursor(create: bool = False) -> Any:
 
 
 # ---------------------------------------------------------------------------- the plan
-def prompt_set_from_dataset(dataset: Any, n: int, origin: str = "mindspeed_rl dataset") -> Any:
-    """The PromptSet of a MindSpeed-RL prompt dataset: id = dataset index, length = len(input_ids).
+def loader_order(loader: Any) -> List[int]:
+    """Dataset indexes in the order `iter(loader)` would draw them this epoch.
 
-    `export_prompts.py` writes the same ids and lengths for `asp plan`, so the plan's fingerprint matches.
+    MindSpeed-RL's PromptDataLoader uses `RandomSampler(generator=torch.Generator().manual_seed(seed))`
+    unless `no_shuffle` (then `SequentialSampler`). Reading the loader's own sampler gives exactly that
+    permutation (and advances its generator as stock's first epoch would).
+    """
+    return [int(i) for i in iter(loader.sampler)]
+
+
+def prompt_set_from_dataset(dataset: Any, n: int, origin: str = "mindspeed_rl dataset",
+                            order: Optional[Sequence[int]] = None) -> Any:
+    """The PromptSet of a MindSpeed-RL prompt dataset: id = dataset index, length = len(input_ids), listed in
+    `order` (the loader's draw order, see `loader_order`; dataset order when None).
+
+    `export_prompts.py` writes the same ids, lengths and order for `asp plan`, so the plan's fingerprint
+    matches only for the same dataset, seed and shuffling.
     """
     import numpy as np
     from mindspeed_asp.scheduler.types import PromptSet
-    lens = np.fromiter((len(dataset[i]["input_ids"]) for i in range(len(dataset))), dtype=np.int64,
-                       count=len(dataset))
-    ids = np.array([str(i) for i in range(len(dataset))], dtype=object)
+    idx = list(range(len(dataset))) if order is None else [int(i) for i in order]
+    lens = np.fromiter((len(dataset[i]["input_ids"]) for i in idx), dtype=np.int64, count=len(idx))
+    ids = np.array([str(i) for i in idx], dtype=object)
     return PromptSet(prompt_ids=ids, prompt_lens=lens, n=n, origin=origin)
 
 
 def open_plan(path: str, instances: int, prompts: Any = None) -> Any:
     """Load the plan written by `asp plan` (fingerprint-checked against `prompts` when given)."""
     from mindspeed_asp.scheduler.plan import DispatchPlan
-    plan = DispatchPlan.load(path, prompts)
+    try:
+        plan = DispatchPlan.load(path, prompts)
+    except PlanMismatchError as exc:
+        raise PlanMismatchError(f"{exc} (the ids are listed in the loader's draw order, which follows "
+                                "megatron_training.seed, no_shuffle and train_iters: export the prompts with the run's "
+                                "values)") from None
     if plan.instances != instances:
         raise ConfigError(f"plan {path} is for {plan.instances} instances but the run has {instances}; rebuild "
                           f"it with `asp plan --instances {instances}`", key="asp.instances")
@@ -135,6 +164,30 @@ def open_plan(path: str, instances: int, prompts: Any = None) -> Any:
 def iteration_queues(plan: Any, iteration: int, instances: int) -> List[List[str]]:
     """Per-instance ordered prompt ids of one iteration, from a plan exposing `instance_queue(it, j)`."""
     return [[str(p) for p in plan.instance_queue(iteration, j)] for j in range(instances)]
+
+
+def balance_queues(queues: Sequence[Sequence[str]]) -> List[List[str]]:
+    """The same groups with every instance holding exactly total / instances of them.
+
+    Why: under vLLM data parallelism every engine must make the same number of `generate()` calls (chunks
+    have a fixed size), so the plan's unequal counts would hang the DP ranks with fewer chunks. Fewest moves,
+    plan order kept: an instance over its share keeps its head and gives up its tail (the planner starts
+    long groups first, so the tail is its cheapest work); the given-up groups, in instance order, are
+    appended to the instances under their share, in instance order.
+    """
+    total, m = sum(len(q) for q in queues), len(queues)
+    if m == 0 or total % m:
+        raise ConfigError(f"{total} planned groups do not split evenly over {m} instances (vLLM data parallelism "
+                          "needs equal shares)", key="megatron_training.global_batch_size")
+    share = total // m
+    spare = [p for q in queues for p in list(q)[share:]]
+    out = []
+    for q in queues:
+        head = [str(p) for p in list(q)[:share]]
+        need = share - len(head)
+        out.append(head + [str(p) for p in spare[:need]])
+        spare = spare[need:]
+    return out
 
 
 def collate_prompts(items: Sequence[Dict[str, Any]], ids: Sequence[str],
@@ -159,10 +212,11 @@ class PlanOrderedBatches:
 
     def __init__(self, dataset: Any, plan: Any, instances: int, gbs: int, n: int,
                  additional_keys: Sequence[str] = (), publish: Optional[Callable[..., Any]] = None,
-                 start_iteration: int = 0) -> None:
+                 start_iteration: int = 0, equal_counts: bool = False) -> None:
         self.dataset, self.plan, self.instances, self.gbs, self.n = dataset, plan, instances, gbs, n
         self.additional_keys = list(additional_keys)
         self.publish = publish
+        self.equal_counts = equal_counts  # vLLM data parallelism: see balance_queues
         self.iteration = start_iteration
         self.last_queues: List[List[str]] = []
 
@@ -175,11 +229,17 @@ class PlanOrderedBatches:
         except (IndexError, KeyError):
             raise StopIteration from None
         ids = [p for q in queues for p in q]
+        last = getattr(self.plan, "num_iterations", None)
+        if len(ids) < self.gbs and last is not None and self.iteration == last - 1:
+            raise StopIteration  # the epoch's short remainder: PromptDataLoader drops it (drop_last=True)
         if len(ids) != self.gbs:
             raise PlanMismatchError(f"plan iteration {self.iteration} holds {len(ids)} prompt groups but "
                                     f"global_batch_size is {self.gbs}; rebuild the plan with the run's batch size")
         if len(set(ids)) != len(ids):
             raise PlanMismatchError(f"plan iteration {self.iteration} schedules a prompt twice")
+        if self.equal_counts:
+            queues = balance_queues(queues)
+            ids = [p for q in queues for p in q]
         size = len(self.dataset)
         items = []
         for p in ids:
@@ -259,7 +319,9 @@ def prompt_loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
         topo = topology_from_env()
         if topo is None or topo.asp.mode != "asp":
             return orig(self)
-        plan = open_plan(topo.asp.plan_path, topo.instances, prompt_set_from_dataset(self.dataset, topo.n))
+        order = loader_order(self)  # stock's draw order: the plan's windows are slices of it
+        plan = open_plan(topo.asp.plan_path, topo.instances,
+                         prompt_set_from_dataset(self.dataset, topo.n, order=order))
         publish = None
         if topo.colocated_plan:  # MindSpeed-RL's own engines pull their rows through the cursor
             import ray
@@ -268,7 +330,8 @@ def prompt_loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             def publish(iteration, queues, n):
                 ray.get(cursor.publish.remote(iteration, queues, n))
         return PlanOrderedBatches(self.dataset, plan, topo.instances, topo.gbs, topo.n,
-                                  getattr(self, "asp_additional_keys", ()), publish)
+                                  getattr(self, "asp_additional_keys", ()), publish,
+                                  equal_counts=topo.equal_instance_calls)
     __iter__.__wrapped__ = orig  # type: ignore[attr-defined]
     return __iter__
 
@@ -280,6 +343,90 @@ def loader_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
         orig(self, dataset, global_batch_size, num_workers, seed, dataset_additional_keys, no_shuffle,
              *args, **kwargs)
         self.asp_additional_keys = list(dataset_additional_keys or [])
+    __init__.__wrapped__ = orig  # type: ignore[attr-defined]
+    return __init__
+
+
+# ---------------------------------------------------------------------------- rule rewards
+def reward_claim_rows(dispatch_size: Optional[int], n: int, rows: int) -> int:
+    """Rows per claim from the dock's locked sampler: a multiple of n (whole groups) dividing the dock's rows
+    (its sampler refuses anything else), at most `reward_dispatch_size`."""
+    groups = max(1, rows // n)
+    want = min(groups, max(1, int(dispatch_size or rows) // n))
+    return n * max(d for d in range(1, want + 1) if groups % d == 0)
+
+
+def score_rule_rewards_exactly_once(actor: Any) -> Any:
+    """Run inside a RuleReward actor: its own `compute_rm_score`, claiming rows under the dock's lock.
+
+    Why: with `guarantee_order` stock's loop (rule_reward.py:75-87) takes fixed row ranges sized
+    `gbs * n // get_node_nums()` by `dp_rank`, but runs until the *whole* dock is consumed: an actor that
+    finishes its range while another is still fetching pops from an empty list (IndexError, which fails
+    `ray.get` in `fit`), and ranges only tile the dock when the actor count equals the node count. Without
+    `guarantee_order` the same loop asks the dock to pick ready groups under its sampling lock, so every row
+    is claimed by exactly one actor whatever their number. Rule rewards are per-row functions written back
+    to their own rows, so scores are the same; only which actor scores which row changes.
+    """
+    rl = actor.rl_config
+    if not getattr(rl, "guarantee_order", False):
+        return type(actor).compute_rm_score(actor)
+    n = int(rl.n_samples_per_prompt)
+    view = copy.copy(rl)
+    view.guarantee_order = False
+    view.reward_dispatch_size = reward_claim_rows(rl.reward_dispatch_size, n,
+                                                  int(actor.megatron_config.global_batch_size) * n)
+    actor.rl_config = view  # the actor runs one method at a time: the view lives for this call only
+    try:
+        return type(actor).compute_rm_score(actor)
+    finally:
+        actor.rl_config = rl
+
+
+class _ScoreExactlyOnce:
+    """`handle.compute_rm_score` look-alike: `.remote()` runs score_rule_rewards_exactly_once in the actor."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def remote(self) -> Any:
+        return self.handle.__ray_call__.remote(score_rule_rewards_exactly_once)
+
+
+class ExactlyOnceRuleReward:
+    """A RuleReward actor handle whose `compute_rm_score.remote()` scores every row exactly once.
+
+    Why a handle wrapper and not a patch of `RuleReward.compute_rm_score`: RuleReward is a `@ray.remote`
+    class, which Ray ships by value from the process that creates the actors (the `train` task, which got it
+    by value from the driver, where no setup hook runs), so a method patched by the hook never reaches the
+    actors. The trainer is an ordinary class the hook does patch; every other attribute goes to the handle.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.asp_handle = handle
+
+    @property
+    def compute_rm_score(self) -> _ScoreExactlyOnce:
+        return _ScoreExactlyOnce(self.asp_handle)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "asp_handle":  # unpickling: not set yet
+            raise AttributeError(name)
+        return getattr(self.asp_handle, name)
+
+
+def exactly_once_rule_rewards(reward_list: Optional[Sequence[Any]]) -> Optional[List[Any]]:
+    """`reward_list` with every RuleReward actor handle wrapped (model rewards are RayActorGroups: kept)."""
+    if reward_list is None:
+        return None
+    from ray.actor import ActorHandle
+    return [ExactlyOnceRuleReward(w) if isinstance(w, ActorHandle) else w for w in reward_list]
+
+
+def reward_trainer_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Every MindSpeed-RL trainer (GRPO, DAPO, PPO, ASP's async fit) calls rule rewards through its reward_list."""
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        self.reward_list = exactly_once_rule_rewards(self.reward_list)
     __init__.__wrapped__ = orig  # type: ignore[attr-defined]
     return __init__
 
@@ -299,4 +446,9 @@ DOCK_PATCHES = [
 # Instance -> rows. Kept apart because `base_worker` imports the NPU stack (torch_npu, vllm_ascend).
 ROW_PATCHES = [
     ("mindspeed_rl.workers.base_worker.BaseWorker.get_dp_range_indexes", get_dp_range_indexes_wrapper),
+]
+# Rule rewards scored exactly once with any number of RuleReward actors (`trainer.base` imports the trainer
+# stack: tensorboard, the worker launcher).
+REWARD_PATCHES = [
+    ("mindspeed_rl.trainer.base.RayBaseTrainer.__init__", reward_trainer_init_wrapper),
 ]
