@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from mindspeed_asp.integrations.mindspeed_rl.async_trainer import TRAINER_PATCHES
-from mindspeed_asp.integrations.mindspeed_rl.data_patches import DATA_PATCHES, DOCK_PATCHES, ROW_PATCHES
+from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
+    DATA_PATCHES, DOCK_PATCHES, REWARD_PATCHES, ROW_PATCHES)
 from mindspeed_asp.integrations.mindspeed_rl.pins import MINDSPEED_RL_COMMIT
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -65,6 +66,11 @@ EXPECTED = {
          {"use_vllm": "False", "assign_batch_size": "None"}),
     "mindspeed_rl.datasets.dataloader.PromptDataLoader.__init__":
         (["self", "dataset", "global_batch_size", "num_workers", "seed", "dataset_additional_keys", "no_shuffle"], {}),
+    "mindspeed_rl.trainer.base.RayBaseTrainer.__init__":
+        (["self", "actor_worker", "ref_worker", "reward_list"], {"reward_list": "None"}),
+    "mindspeed_rl.workers.rule_reward.RuleReward.compute_rm_score": (["self"], {}),
+    "mindspeed_rl.workers.rule_reward.RuleReward.initialize":
+        (["self", "megatron_config", "rl_config", "tokenizer", "trust_remote_code", "dp_rank"], {}),
     "mindspeed_rl.trainer.grpo_trainer_hybrid.RayGRPOTrainer.fit": (["self", "data_iters"], {}),
     # APIs called by the async trainer, the rollout worker and the weight sender
     "mindspeed_rl.workers.base_worker.BaseWorker.get_vllm_dp_rank": ([], {}),
@@ -120,7 +126,8 @@ def test_checkout_is_the_pinned_commit(msrl_src):
     assert MINDSPEED_RL_COMMIT.startswith(commit[:7]) or commit == MINDSPEED_RL_COMMIT
 
 
-@pytest.mark.parametrize("target", [t for t, _ in DATA_PATCHES + DOCK_PATCHES + ROW_PATCHES + TRAINER_PATCHES])
+@pytest.mark.parametrize("target", [t for t, _ in DATA_PATCHES + DOCK_PATCHES + ROW_PATCHES + REWARD_PATCHES
+                                    + TRAINER_PATCHES])
 def test_every_patch_target_exists(msrl_src, target):
     owner, _, leaf = target.rpartition(".")
     cls = find(msrl_src, owner)
@@ -164,6 +171,43 @@ def test_generate_path_pulls_exact_chunks_from_get_dp_range_indexes(msrl_src):
     assert "self.rl_config.guarantee_order and (not sorted_indexes)" in consumed
 
 
+def test_rule_reward_loop_is_what_the_reward_patch_relies_on(msrl_src):
+    """REWARD_PATCHES run stock `compute_rm_score` with guarantee_order off (the dock's locked sampler) from a
+    trainer-held handle: the class must stay a @ray.remote actor (so `__ray_call__` exists and a hook-patched
+    method would not reach it), read both settings from `self.rl_config`, and every trainer must keep its
+    reward handles in `RayBaseTrainer.reward_list`."""
+    cls = find(msrl_src, "mindspeed_rl.workers.rule_reward.RuleReward")
+    assert [ast.unparse(d) for d in cls.decorator_list] == ["ray.remote"]
+    body = ast.unparse(find(msrl_src, "mindspeed_rl.workers.rule_reward.RuleReward.compute_rm_score"))
+    assert "experience_count = self.rl_config.reward_dispatch_size" in body
+    assert "if self.rl_config.guarantee_order else None" in body
+    assert "while not ray.get(cur_td.all_consumed.remote(experience_consumer_stage))" in body
+    assert "self.megatron_config.global_batch_size * self.rl_config.n_samples_per_prompt" in body
+    init = ast.unparse(find(msrl_src, "mindspeed_rl.trainer.base.RayBaseTrainer.__init__"))
+    assert "self.reward_list = reward_list" in init
+    for trainer in ("grpo_trainer_hybrid", "dapo_trainer_hybrid", "ppo_trainer_hybrid"):
+        text = (msrl_src / "mindspeed_rl" / "trainer" / f"{trainer}.py").read_text()
+        assert "rule_reward.append(reward_worker.compute_rm_score.remote())" in text
+
+
+def test_stock_vllm_engine_retokenises_decoded_prompts(msrl_src):
+    """docs/ascend.md (prompt tokens): stock decodes prompt ids with skip_special_tokens=True and lets vLLM
+    tokenise the text again; ASP's rollout pool sends the ids themselves."""
+    gen = ast.unparse(find(msrl_src, "mindspeed_rl.models.rollout.vllm_engine.VLLMInferEngine.generate_sequences"))
+    assert "self.tokenizer.tokenizer.decode(p, skip_special_tokens=True)" in gen
+    assert "self.llm.generate(prompts=prompts" in gen
+
+
+def test_prompt_loader_shuffles_with_the_seed(msrl_src):
+    """loader_order reads the loader's own sampler: RandomSampler on a generator seeded with `seed` unless
+    no_shuffle, SequentialSampler otherwise (what export_prompts.py and the plan-ordered loader rely on)."""
+    init = ast.unparse(find(msrl_src, "mindspeed_rl.datasets.dataloader.PromptDataLoader.__init__"))
+    assert "train_dataloader_generator.manual_seed(seed)" in init
+    assert "RandomSampler(data_source=dataset, generator=train_dataloader_generator)" in init
+    assert "SequentialSampler(data_source=dataset)" in init and "sampler=sampler" in init
+    assert "drop_last=True" in init
+
+
 def test_train_cli_reads_runtime_env_path_and_builds_grpo_trainer(msrl_src):
     text = (msrl_src / "cli" / "train_grpo.py").read_text()
     assert "os.path.join(cur_file_dir, rl_config.runtime_env_path)" in text  # an absolute path wins
@@ -174,7 +218,11 @@ def test_train_cli_reads_runtime_env_path_and_builds_grpo_trainer(msrl_src):
     hook_env = yaml.safe_load((Path(__file__).resolve().parents[2] / "mindspeed_asp" / "integrations" /
                                "mindspeed_rl" / "runtime_env.yaml").read_text())
     stock_env = yaml.safe_load((msrl_src / "configs" / "envs" / "runtime_env.yaml").read_text())
-    assert set(stock_env["env_vars"]) <= set(hook_env["env_vars"])
+    # Ray's runtime_env overrides the environment the workers inherit from `ray start`: values that must
+    # differ between jobs sharing a node are left to the launching environment (shell/msrl_common.sh).
+    pass_through = {"HCCL_IF_BASE_PORT", "LCAL_COMM_ID"}
+    assert set(stock_env["env_vars"]) - pass_through <= set(hook_env["env_vars"])
+    assert not pass_through & set(hook_env["env_vars"])
 
 
 def _config_attrs(msrl_src: Path, cls_path: str) -> set:
