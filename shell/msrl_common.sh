@@ -10,10 +10,21 @@
 # Environment (defaults in brackets):
 #   MINDSPEED_RL_ROOT   MindSpeed-RL checkout at 05a90d7 (with mindspeed/, megatron/, mindspeed_llm/ copied in)
 #   MASTER_ADDR [this host]  NODE_RANK [0]  RAY_PORT [6766]  RUN_DIR [runs/<config>]  TRAIN_ITERS [config's]
+#   NODE_IP [node 0: MASTER_ADDR; others: the source address of the route to MASTER_ADDR]  this node's address
+#     for Ray (--node-ip-address) and the default NIC below
+#   ASP_SOCKET_IFNAME [the interface holding NODE_IP]  exported as HCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME and
+#     TP_SOCKET_IFNAME unless those are set; required (with NODE_IP) on multi-node runs
 #   ASP_PROMPTS [RUN_DIR/prompts.jsonl, exported from the MindSpeed-RL dataset when absent]
 #   ASP_HISTORY (length history for the estimator)  ASP_COST (cost model JSON from `asp fit-cost`)
-#   HCCL_IF_BASE_PORT [64000]  HCCL_CONNECT_TIMEOUT [1800]  HCCL_EXEC_TIMEOUT [3600]  HCCL_BUFFSIZE [256]
+#   HCCL_IF_BASE_PORT [64000]  LCAL_COMM_ID [127.0.0.1:27001]  (give concurrent jobs on a node distinct values:
+#     runtime_env.yaml does not override them, Ray workers inherit them from `ray start`)
+#   HCCL_CONNECT_TIMEOUT [1800]  HCCL_EXEC_TIMEOUT [3600]  HCCL_BUFFSIZE [256]
 #   ASCEND_TOOLKIT_HOME [/usr/local/Ascend/ascend-toolkit/latest]  ASP_MODE_OVERRIDE (stock runs: see compare)
+#   ASP_DRY_RUN=1  validate and prepare, then print the plan, `ray start` and training commands (with the
+#     network environment) instead of running them
+#
+# RAY_ADDRESS is exported (MASTER_ADDR:RAY_PORT) once this script's Ray node is started, so MindSpeed-RL's
+# bare `ray.init()` joins this cluster and never another user's on the same machine.
 
 set -euo pipefail
 
@@ -22,6 +33,8 @@ PY="${ASP_PYTHON:-python3}"
 
 die() { echo "[asp] error: $*" >&2; exit 2; }
 log() { echo "[asp $(date -u +%H:%M:%S) node ${NODE_RANK:-0}] $*" >&2; }
+dry_run() { [ "${ASP_DRY_RUN:-0}" = "1" ]; }
+show_cmd() { printf '[asp dry-run]'; printf ' %q' "$@"; printf '\n'; }
 
 asp_env() {
   # The environment MindSpeed-RL's examples set, without their process killing.
@@ -45,7 +58,7 @@ asp_env() {
   export HCCL_BUFFSIZE="${HCCL_BUFFSIZE:-256}"
   export VLLM_ASCEND_ENABLE_NZ=0   # ASP loads synced weights in ND layout
   export RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=true
-  export LCAL_COMM_ID="${LCAL_COMM_ID:-127.0.0.1:27001}"
+  export LCAL_COMM_ID="${LCAL_COMM_ID:-127.0.0.1:27001}"  # per node; not overridden by runtime_env.yaml
   export CUDA_DEVICE_MAX_CONNECTIONS=1
   export HYDRA_FULL_ERROR=1
   local jemalloc
@@ -85,22 +98,63 @@ except PinMismatchError as exc:
   asp_env
 }
 
+asp_network() {
+  # This node's address and NICs, exported before `ray start` (Ray workers inherit them; runtime_env.yaml
+  # leaves them alone). Multi-node runs need both found or given; one node falls back to HCCL's own choice.
+  local nnodes="${NNODES:-1}"
+  if [ -z "${NODE_IP:-}" ]; then
+    if [ "$NODE_RANK" = "0" ]; then
+      NODE_IP="$MASTER_ADDR"
+    else
+      NODE_IP="$(ip route get "$MASTER_ADDR" 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") {print $(i + 1); exit}}' || true)"
+    fi
+  fi
+  [ -n "$NODE_IP" ] || die "cannot tell this node's IP towards MASTER_ADDR=$MASTER_ADDR (no route or no \`ip\`): set NODE_IP"
+  export NODE_IP
+  local ifname="${ASP_SOCKET_IFNAME:-}"
+  if [ -z "$ifname" ]; then
+    ifname="$(ip -o -4 addr show 2>/dev/null | awk -v ip="$NODE_IP" '{split($4, a, "/"); if (a[1] == ip) {print $2; exit}}' || true)"
+  fi
+  if [ -z "$ifname" ]; then
+    [ "$nnodes" -le 1 ] || die "cannot find the network interface holding NODE_IP=$NODE_IP: set ASP_SOCKET_IFNAME (HCCL, Gloo and TP bind to it across nodes)"
+    log "no interface found for $NODE_IP: HCCL/Gloo pick their own (single node)"
+    return 0
+  fi
+  export HCCL_SOCKET_IFNAME="${HCCL_SOCKET_IFNAME:-$ifname}"
+  export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$ifname}"
+  export TP_SOCKET_IFNAME="${TP_SOCKET_IFNAME:-$ifname}"
+}
+
+asp_show_env() {
+  # The environment Ray workers on this node inherit for communication (logged; printed in dry runs).
+  local line="NODE_IP=${NODE_IP:-} HCCL_SOCKET_IFNAME=${HCCL_SOCKET_IFNAME:-} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-}"
+  line+=" TP_SOCKET_IFNAME=${TP_SOCKET_IFNAME:-} HCCL_IF_BASE_PORT=${HCCL_IF_BASE_PORT:-} LCAL_COMM_ID=${LCAL_COMM_ID:-}"
+  line+=" RAY_ADDRESS=${RAY_ADDRESS:-}"
+  if dry_run; then echo "[asp dry-run] env $line"; else log "env $line"; fi
+}
+
 asp_build_plan() {
   # Head node only: the plan must exist before training starts.
   [ "$ASP_MODE" = "asp" ] || return 0
   local prompts="${ASP_PROMPTS:-$RUN_DIR/prompts.jsonl}"
+  local export_cmd=("$PY" -m mindspeed_asp.integrations.mindspeed_rl.export_prompts --config "$CONFIG_FILE"
+                    -o "$prompts" --train-iters "$TRAIN_ITERS")
   if [ ! -f "$prompts" ]; then
-    log "exporting the MindSpeed-RL prompt dataset to $prompts"
-    (cd "$MINDSPEED_RL_ROOT" && "$PY" -m mindspeed_asp.integrations.mindspeed_rl.export_prompts \
-        --config "$CONFIG_FILE" -o "$prompts")
+    log "exporting the MindSpeed-RL prompt dataset to $prompts (in the loader's draw order)"
+    if dry_run; then show_cmd "${export_cmd[@]}"; else (cd "$MINDSPEED_RL_ROOT" && "${export_cmd[@]}"); fi
   fi
-  local args=(--dataset "$prompts" --config "$CONFIG_FILE" --instances "$ASP_INSTANCES" --slots "$ASP_SLOTS"
+  # `asp plan` reads the scheduler's part of the asp: section (the loss keys are the trainer's).
+  local section="$RUN_DIR/asp_section.yaml"
+  "$PY" -m mindspeed_asp.integrations.mindspeed_rl.config_section --scheduler-section "$CONFIG_FILE" "$section" \
+      || die "cannot write $section"
+  local args=(--dataset "$prompts" --config "$section" --instances "$ASP_INSTANCES" --slots "$ASP_SLOTS"
               --minibatch "$ASP_GBS" --groups-per-iteration "$ASP_GBS" --n "$ASP_N"
               --max-new-tokens "$ASP_MAX_TOKENS" --planner "$ASP_PLANNER" --seed "$ASP_SEED"
               --json "$RUN_DIR/plan_summary.json" -o "$ASP_PLAN")
   if [ -n "${ASP_HISTORY:-}" ]; then args+=(--history "$ASP_HISTORY"); fi
   if [ -n "${ASP_COST:-}" ]; then args+=(--cost "$ASP_COST"); fi
   log "building the dispatch plan: asp plan ${args[*]}"
+  if dry_run; then show_cmd "$PY" -m mindspeed_asp.cli plan "${args[@]}"; return 0; fi
   "$PY" -m mindspeed_asp.cli plan "${args[@]}"
 }
 
@@ -115,25 +169,36 @@ asp_stop_own_ray() {
 
 asp_start_ray() {
   # $1 = NPUs on this node. `ray start --block` stays in the foreground of a background job; killing it
-  # shuts down exactly the Ray processes it started.
+  # shuts down exactly the Ray processes it started. Ray workers inherit this shell's environment.
   local npus="$1"
+  asp_network
   trap asp_stop_own_ray EXIT INT TERM
+  local cmd
   if [ "$NODE_RANK" = "0" ]; then
-    if "$PY" -c "import ray,sys; ray.init(address='$MASTER_ADDR:$RAY_PORT', logging_level='ERROR'); sys.exit(0)" >/dev/null 2>&1; then
+    if ! dry_run && "$PY" -c "import ray,sys; ray.init(address='$MASTER_ADDR:$RAY_PORT', logging_level='ERROR'); sys.exit(0)" >/dev/null 2>&1; then
       die "a Ray cluster already listens on $MASTER_ADDR:$RAY_PORT (someone else's?); pick another RAY_PORT"
     fi
-    (cd "$MINDSPEED_RL_ROOT" && exec ray start --head --port "$RAY_PORT" --node-ip-address "$MASTER_ADDR" \
-        --resources="{\"NPU\": $npus}" --include-dashboard=false --block) &
+    cmd=(ray start --head --port "$RAY_PORT" --node-ip-address "$NODE_IP" --resources="{\"NPU\": $npus}"
+         --include-dashboard=false --block)
   else
-    (cd "$MINDSPEED_RL_ROOT" && exec ray start --address="$MASTER_ADDR:$RAY_PORT" \
-        --resources="{\"NPU\": $npus}" --block) &
+    cmd=(ray start --address="$MASTER_ADDR:$RAY_PORT" --node-ip-address "$NODE_IP" --resources="{\"NPU\": $npus}"
+         --block)
   fi
+  export RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT"  # MindSpeed-RL's bare ray.init() joins this cluster, no other
+  asp_show_env
+  if dry_run; then
+    show_cmd env -u RAY_ADDRESS "${cmd[@]}"
+    RAY_PID=""
+    return 0
+  fi
+  (cd "$MINDSPEED_RL_ROOT" && exec env -u RAY_ADDRESS "${cmd[@]}") &
   RAY_PID=$!
 }
 
 asp_wait_nodes() {
   # $1 = expected node count
   local want="$1" have=0 tries=0
+  dry_run && return 0
   while [ "$have" -lt "$want" ]; do
     sleep 5
     tries=$((tries + 1))
@@ -146,15 +211,19 @@ asp_wait_nodes() {
 asp_train() {
   # $1 = MindSpeed-RL entry script (cli/train_grpo.py or cli/train_dapo.py); extra args = Hydra overrides
   local entry="$1"; shift
-  log "training: $entry --config-name $CONFIG (log: $RUN_DIR/train.log)"
-  (cd "$MINDSPEED_RL_ROOT" && "$PY" "$entry" --config-path "$asp_root/configs" --config-name "$CONFIG" \
-      "hydra.searchpath=[file://$MINDSPEED_RL_ROOT/configs]" "megatron_training.train_iters=$TRAIN_ITERS" \
-      "hydra.run.dir=$RUN_DIR/hydra" "$@") 2>&1 | tee "$RUN_DIR/train.log"
+  [ -n "${RAY_ADDRESS:-}" ] || die "RAY_ADDRESS unset: start this script's Ray node first (asp_start_ray)"
+  local cmd=("$PY" "$entry" --config-path "$asp_root/configs" --config-name "$CONFIG"
+             "hydra.searchpath=[file://$MINDSPEED_RL_ROOT/configs]" "megatron_training.train_iters=$TRAIN_ITERS"
+             "hydra.run.dir=$RUN_DIR/hydra" "$@")
+  log "training: $entry --config-name $CONFIG on Ray $RAY_ADDRESS (log: $RUN_DIR/train.log)"
+  if dry_run; then show_cmd env "RAY_ADDRESS=$RAY_ADDRESS" "${cmd[@]}"; return 0; fi
+  (cd "$MINDSPEED_RL_ROOT" && "${cmd[@]}") 2>&1 | tee "$RUN_DIR/train.log"
 }
 
 asp_launch() {
   # asp_launch CONFIG NNODES NPUS_PER_NODE ENTRY [hydra overrides...]
   local config="$1" nnodes="$2" npus="$3" entry="$4"; shift 4
+  NNODES="$nnodes"
   asp_prepare "$config"
   local need=$((nnodes * npus))
   [ "$ASP_TOTAL_NPUS" -le "$need" ] || die "$config needs $ASP_TOTAL_NPUS NPUs but $nnodes x $npus = $need are launched"
@@ -165,6 +234,7 @@ asp_launch() {
     asp_train "$entry" "$@"
   else
     asp_start_ray "$npus"
+    dry_run && return 0
     log "joined $MASTER_ADDR:$RAY_PORT; waiting (Ctrl-C or the head's shutdown ends this node)"
     wait "$RAY_PID"
   fi

@@ -87,3 +87,103 @@ def test_head_builds_the_plan_the_runtime_accepts(tmp_path):
     plan = open_plan(str(tmp_path / "run" / "plan.parquet"), 8, prompt_set_from_dataset(dataset, 8))
     assert plan.num_iterations == 2 and plan.instances == 8
     assert sorted(int(p) for it in range(2) for j in range(8) for p in plan.instance_queue(it, j)) == list(range(64))
+
+
+def _dry_env(tmp_path, **extra):
+    msrl = tmp_path / "MindSpeed-RL"
+    (msrl / "mindspeed_rl").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
+               ASP_PYTHON=str(Path(os.sys.executable)), ASP_MINDSPEED_RL_COMMIT="05a90d7",
+               ASCEND_TOOLKIT_HOME=str(tmp_path / "no-toolkit"), ASP_DRY_RUN="1")
+    for k in ("ASP_PLAN", "RAY_ADDRESS", "NODE_IP", "ASP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+              "TP_SOCKET_IFNAME", "HCCL_IF_BASE_PORT", "LCAL_COMM_ID", "NNODES"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+def _dry_run(script, env):
+    out = subprocess.run(["bash", str(SHELL / script)], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stdout.splitlines() if x.startswith("[asp dry-run]")]
+    env_line = next(x for x in lines if x.startswith("[asp dry-run] env NODE_IP="))
+    found = dict(kv.split("=", 1) for kv in env_line.split(" env ", 1)[1].split())
+    return lines, found
+
+
+def test_worker_node_joins_with_its_own_address_nic_and_cluster(tmp_path):
+    env = _dry_env(tmp_path, NODE_RANK="1", MASTER_ADDR="10.0.0.1", RAY_PORT="6801", NODE_IP="10.0.0.2",
+                   ASP_SOCKET_IFNAME="eth9", HCCL_IF_BASE_PORT="61000")
+    lines, found = _dry_run("qwen25_32b_A3_asp.sh", env)
+    start = next(x for x in lines if "ray start" in x)
+    assert "--address=10.0.0.1:6801" in start and "--node-ip-address 10.0.0.2" in start
+    assert "-u RAY_ADDRESS" in start  # `ray start` itself never reads a stale RAY_ADDRESS
+    assert found["NODE_IP"] == "10.0.0.2" and found["RAY_ADDRESS"] == "10.0.0.1:6801"
+    assert found["HCCL_SOCKET_IFNAME"] == found["GLOO_SOCKET_IFNAME"] == found["TP_SOCKET_IFNAME"] == "eth9"
+    assert found["HCCL_IF_BASE_PORT"] == "61000"  # the launching environment's value reaches the workers...
+
+
+def test_runtime_env_does_not_override_per_job_ports():
+    """...because Ray's runtime_env env_vars would override what workers inherit from `ray start`."""
+    import yaml
+    from mindspeed_asp.integrations.mindspeed_rl.setup_hook import RUNTIME_ENV_FILE
+    env_vars = yaml.safe_load(RUNTIME_ENV_FILE.read_text())["env_vars"]
+    for key in ("HCCL_IF_BASE_PORT", "LCAL_COMM_ID", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+                "RAY_ADDRESS"):
+        assert key not in env_vars
+
+
+def test_head_exports_ray_address_for_msrls_ray_init(tmp_path):
+    (tmp_path / "prompts.jsonl").write_text("")
+    env = _dry_env(tmp_path, NODE_RANK="0", MASTER_ADDR="10.0.0.1", ASP_SOCKET_IFNAME="eth9",
+                   ASP_PROMPTS=str(tmp_path / "prompts.jsonl"))
+    lines, found = _dry_run("qwen25_32b_A3_asp.sh", env)
+    start = next(x for x in lines if "ray start" in x)
+    assert "--head" in start and "--port 6766" in start and "--node-ip-address 10.0.0.1" in start
+    train = next(x for x in lines if "cli/train_grpo.py" in x)
+    assert "RAY_ADDRESS=10.0.0.1:6766" in train and found["RAY_ADDRESS"] == "10.0.0.1:6766"
+    assert found["HCCL_IF_BASE_PORT"] == "64000"  # the scripts' default, not stock's 12345
+    plan = next(x for x in lines if "mindspeed_asp.cli plan" in x)
+    section = tmp_path / "run" / "asp_section.yaml"
+    assert f"--config {section}" in plan
+    from mindspeed_asp.config import load_asp_section
+    assert load_asp_section(section).instances == 8  # the strict model `asp plan` uses accepts it
+
+
+def test_multi_node_without_a_known_nic_fails_naming_the_variable(tmp_path):
+    env = _dry_env(tmp_path, NODE_RANK="0", MASTER_ADDR="203.0.113.77")  # an address no interface here holds
+    out = subprocess.run(["bash", str(SHELL / "qwen25_32b_A2_asp.sh")], env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode != 0 and "ASP_SOCKET_IFNAME" in out.stderr
+
+
+def test_worker_without_a_route_to_the_head_fails_naming_node_ip(tmp_path):
+    bindir = tmp_path / "bin"  # this PATH has everything but `ip`
+    bindir.mkdir()
+    for d in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        for f in Path(d).glob("*") if Path(d).is_dir() else []:
+            if f.name != "ip" and not (bindir / f.name).exists():
+                (bindir / f.name).symlink_to(f)
+    env = _dry_env(tmp_path, NODE_RANK="1", MASTER_ADDR="10.0.0.1", PATH=str(bindir))
+    out = subprocess.run(["bash", str(SHELL / "qwen25_32b_A3_asp.sh")], env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode != 0 and "set NODE_IP" in out.stderr
+
+
+def test_compare_dry_run_runs_stock_without_forced_port_and_same_shuffling(tmp_path):
+    env = _dry_env(tmp_path, NODE_RANK="0", MASTER_ADDR="10.0.0.1", ASP_SOCKET_IFNAME="eth9",
+                   ASP_PROMPTS=str(tmp_path / "prompts.jsonl"))
+    msrl = Path(env["MINDSPEED_RL_ROOT"])
+    (msrl / "configs" / "envs").mkdir(parents=True)
+    (msrl / "configs" / "envs" / "runtime_env.yaml").write_text(
+        "env_vars:\n  HCCL_IF_BASE_PORT: '12345'\n  LCAL_COMM_ID: '127.0.0.1:27001'\n  VLLM_DP_SIZE: '1'\n")
+    (tmp_path / "prompts.jsonl").write_text("")
+    out = subprocess.run(["bash", str(SHELL / "compare_msrl.sh"), "qwen25_7b_A3_asp", "3"], env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    runs = [x for x in out.stdout.splitlines() if "cli/train_grpo.py" in x]
+    assert len(runs) == 2 and all("no_shuffle" not in x for x in runs)
+    assert "RAY_ADDRESS=10.0.0.1:6766" in runs[0] and "RAY_ADDRESS=10.0.0.1:6767" in runs[1]
+    import yaml
+    stock_env = yaml.safe_load((tmp_path / "run" / "compare" / "stock_runtime_env.yaml").read_text())
+    assert stock_env["env_vars"] == {"VLLM_DP_SIZE": "1"}
