@@ -87,7 +87,7 @@ def test_stock_rule_rewards_crash_when_ranges_finish_at_different_times(env):
     ray.get(refs[1], timeout=120)
 
 
-@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("count", [2, 3])  # as many actors as nodes, and more
 def test_patched_rule_rewards_score_every_row_exactly_once(env, count):
     ray = env["ray"]
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import ExactlyOnceRuleReward, exactly_once_rule_rewards
