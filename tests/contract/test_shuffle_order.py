@@ -3,7 +3,6 @@ each batch: shuffled with the run's seed (`no_shuffle: false`), or dataset order
 
 Stock batches come from an unpatched PromptDataLoader; the ASP side is export_prompts' draw order ->
 prompts.jsonl -> `asp plan`'s windows -> the patched loader's plan-ordered batches."""
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace

@@ -4,7 +4,7 @@ MindSpeed-RL's config classes reject unknown keys (`BaseConfig.update` raises "T
 `parse_training_config` reads only its own sections, so ASP's settings live in a top-level `asp:` section
 (validated strictly by `MsrlAspSection`: the project's `AspSection` plus the loss settings only the
 MindSpeed-RL trainer reads). This module reads both that section and the MindSpeed-RL sections ASP depends
-on (batch size, n, NPUs, inference TP, expert parallelism, shuffling) and checks that they agree, naming the
+on (batch size, n, NPUs, inference TP, expert parallelism) and checks that they agree, naming the
 offending key, before any NPU is touched or Ray is started.
 """
 from __future__ import annotations
@@ -64,7 +64,6 @@ class MsrlTopology:
     seed: int
     max_num_seqs: int
     guarantee_order: bool
-    no_shuffle: bool = False  # megatron_training.no_shuffle: PromptDataLoader's sampler order
     vllm_dp_size: int = 1  # VLLM_DP_SIZE MindSpeed-RL sets: infer EP size when enable_expert_parallel, else 1
 
     @property
@@ -165,7 +164,6 @@ def topology_from_dict(data: Dict[str, Any], path: str = "<config>") -> MsrlTopo
         seed=_int(data, "megatron_training.seed", path, 1234, minimum=0),
         max_num_seqs=_int(data, "generate_config.max_num_seqs", path, 256),
         guarantee_order=bool(_get(data, "rl_config.guarantee_order", path, False)),
-        no_shuffle=bool(_get(data, "megatron_training.no_shuffle", path, False)),
         vllm_dp_size=_vllm_dp_size(data, path),
     )
     _check(topo, data)
