@@ -7,15 +7,123 @@ writes JSON with per-round seconds (trainer side and instance side) and bytes.
     python benchmarks/bench_weight_sync.py --instances 2 --rounds 5 --out benchmarks/results/weight_sync.json
 
 A larger model directory (--model-dir) shows how the time grows with bytes; bucket size is --bucket-mb.
+
+    python benchmarks/bench_weight_sync.py --checksum-only --checksum-mb 256
+
+measures only the verification checksum (no Ray, no vLLM, well under a minute): time and peak extra
+memory of `tensor_checksum` on a bf16 tensor shaped like a 7B model's embedding (hidden 3584, rows scaled
+to --checksum-mb), next to the two fp64 checksums it replaced, and the figures scaled to the full
+152064 x 3584 embedding.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Dict, Tuple
+
+EMBED_ROWS, HIDDEN = 152064, 3584  # Qwen2.5-7B's embedding
+
+
+# ------------------------------------------------------------------------------------ checksum cost
+def _fp64_copy_checksum(t: Any) -> float:
+    """The MindSpeed-RL transfer's former check: one full float64 copy of the tensor."""
+    return float(t.detach().double().sum().item())
+
+
+def _fp64_chunked_checksum(t: Any, chunk: int = 1 << 24) -> float:
+    """The runtime's former check: float64 chunks of 2**24 elements with int64 position weights."""
+    import torch
+
+    x = t.detach().reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for start in range(0, x.numel(), chunk):
+        part = x[start:start + chunk].to(torch.float64)
+        w = 1.0 + ((torch.arange(part.numel(), dtype=torch.int64, device=x.device) + start) % 13) / 13.0
+        total += (part * w).sum()
+    return float(total)
+
+
+class _PeakMemory:
+    """Peak bytes allocated above the level at entry: the device allocator's peak on an accelerator,
+    the process's resident high-water mark (reset through /proc/self/clear_refs) on CPU."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.mod = None if device.type == "cpu" else getattr(torch, device.type)
+
+    @staticmethod
+    def _status(field: str) -> int:
+        return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+    def __enter__(self) -> "_PeakMemory":
+        if self.mod is not None:
+            self.mod.synchronize()
+            self.mod.reset_peak_memory_stats()
+            self.base = self.mod.memory_allocated()
+        else:
+            Path("/proc/self/clear_refs").write_text("5")  # high-water mark := current resident size
+            self.base = self._status("VmRSS")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.mod is not None:
+            self.mod.synchronize()
+            self.peak = self.mod.max_memory_allocated() - self.base
+        else:
+            self.peak = self._status("VmHWM") - self.base
+
+
+def checksum_cost(mb: float, device_name: str = "cpu", repeats: int = 3) -> Dict[str, Any]:
+    """Time and peak extra memory of each checksum on a bf16 [rows, 3584] tensor of about `mb` MiB."""
+    import torch
+
+    from mindspeed_asp.runtime.weight_sync import tensor_checksum
+
+    device = torch.device(device_name)
+    rows = max(1, round(mb * (1 << 20) / (HIDDEN * 2)))
+    x = torch.empty(rows, HIDDEN, dtype=torch.bfloat16, device=device)
+    for r in range(0, rows, 4096):  # filled in slices: no full-size fp32 temporary before the baseline
+        x[r:r + 4096].normal_()
+    # name -> (function, runs, whether its extra memory grows with the tensor)
+    variants: Dict[str, Tuple[Callable[[Any], float], int, bool]] = {
+        "bounded (tensor_checksum)": (tensor_checksum, repeats, False),
+        "fp64 chunks of 2^24 (runtime before)": (_fp64_chunked_checksum, 1, False),
+        "fp64 full copy (integration before)": (_fp64_copy_checksum, 1, True),
+    }
+    scale = EMBED_ROWS / rows
+    out: Dict[str, Any] = {"device": str(device), "shape": [rows, HIDDEN], "dtype": "bfloat16",
+                           "mib": x.numel() * 2 / (1 << 20), "threads": torch.get_num_threads(), "variants": {}}
+    tensor_checksum(x[:1])  # position weights are computed once per device
+    for name, (fn, runs, grows) in variants.items():
+        times, peaks = [], []
+        for _ in range(runs):
+            with _PeakMemory(device) as mem:
+                t0 = time.perf_counter()
+                fn(x)
+                times.append(time.perf_counter() - t0)
+            peaks.append(mem.peak)
+        best = min(times)
+        out["variants"][name] = {"seconds": best, "gib_per_s": x.numel() * 2 / best / (1 << 30),
+                                 "peak_extra_mib": max(peaks) / (1 << 20),
+                                 "full_embedding_seconds": best * scale,
+                                 "full_embedding_peak_extra_mib": max(peaks) / (1 << 20) * (scale if grows else 1.0)}
+    return out
+
+
+def _print_checksum_cost(doc: Dict[str, Any]) -> None:
+    rows, hidden = doc["shape"]
+    print(f"checksum of a bf16 [{rows}, {hidden}] tensor ({doc['mib']:.0f} MiB) on {doc['device']}, "
+          f"{doc['threads']} thread(s); scaled to the full [{EMBED_ROWS}, {HIDDEN}] embedding on the right:")
+    for name, v in doc["variants"].items():
+        print(f"  {name:38s} {v['seconds'] * 1e3:8.1f} ms  {v['gib_per_s']:5.2f} GiB/s  "
+              f"peak +{v['peak_extra_mib']:7.1f} MiB   | full: {v['full_embedding_seconds']:6.2f} s, "
+              f"+{v['full_embedding_peak_extra_mib']:7.0f} MiB")
 
 
 def main(argv=None) -> int:
@@ -25,10 +133,24 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-mb", type=float, default=64.0)
     ap.add_argument("--model-dir", default=None, help="HF model directory (default: the tiny model)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--checksum-only", action="store_true", help="only measure the verification checksum")
+    ap.add_argument("--checksum-mb", type=float, default=256.0, help="size of the checksummed bf16 tensor")
+    ap.add_argument("--checksum-device", default="cpu", help="torch device for the checksum measurement")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the runtime's actors use 1)")
     args = ap.parse_args(argv)
 
-    import ray
     import torch
+
+    torch.set_num_threads(args.threads)
+    if args.checksum_only:
+        doc = checksum_cost(args.checksum_mb, args.checksum_device)
+        _print_checksum_cost(doc)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+        return 0
+
+    import ray
 
     from mindspeed_asp.runtime import weight_sync as ws
     from mindspeed_asp.runtime.instance import start_instances
@@ -37,7 +159,6 @@ def main(argv=None) -> int:
     from mindspeed_asp.runtime.tiny_model import ensure_tiny_model, load_hf_model
     from mindspeed_asp.runtime.types import EngineConfig, GroupRequest
 
-    torch.set_num_threads(1)
     plat = current_platform()
     model_dir = args.model_dir or ensure_tiny_model()
     start_local_ray(num_cpus=8, platform=plat)

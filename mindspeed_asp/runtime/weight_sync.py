@@ -108,6 +108,20 @@ def _position_weights(device: Any) -> Any:
     return w.to(torch.float32).to(device)
 
 
+_BLOCK_WEIGHTS: List[Any] = []
+
+
+def _block_weights(n: int) -> Any:
+    """b_0 .. b_{n-1} (float64, host), grown on demand and kept: tensors of every size share them."""
+    import torch
+
+    cached = _BLOCK_WEIGHTS[0] if _BLOCK_WEIGHTS else None
+    if cached is None or cached.numel() < n:  # a local reference: safe while another thread grows it
+        cached = _unit_weights(torch.arange(1 << max(10, (n - 1).bit_length()), dtype=torch.int64), 0x68E31DA4)
+        _BLOCK_WEIGHTS[:] = [cached]
+    return cached[:n]
+
+
 def _copy_flat(x: Any, start: int, out: Any) -> None:
     """Copy elements [start, start + len(out)) of `x` in row-major order into `out`, without a full copy.
 
@@ -190,10 +204,9 @@ def tensor_checksum(t: Any, chunk: Optional[int] = None) -> float:
         if n > full:
             torch.mul(part[full:], weights[:n - full], out=prod[full:])
             weighted.append(prod[full:].sum().reshape(1))
-    ws = torch.cat(weighted).cpu().to(torch.float64)
-    ps = torch.cat(plain).cpu().to(torch.float64)
-    b = _unit_weights(torch.arange(ws.numel(), dtype=torch.int64), 0x68E31DA4)
-    return math.fsum((b * ws + ps).tolist())
+    sums = torch.cat(weighted + plain).cpu().to(torch.float64)  # one transfer to the host
+    blocks = sums.numel() // 2
+    return math.fsum((_block_weights(blocks) * sums[:blocks] + sums[blocks:]).tolist())
 
 
 def checksums_match(expected: Dict[str, float], got: Dict[str, float], rtol: float = 1e-6,

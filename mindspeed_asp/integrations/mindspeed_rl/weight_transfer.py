@@ -48,7 +48,7 @@ class WeightSender:
                  timeout_s: float = 600.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self._tx = WeightSyncSender(backend_platform(backend), host, int(port), world_size=int(world_size),
                                     bucket_bytes=int(bucket_bytes), timeout_s=float(timeout_s), device=device,
-                                    label=f"weight sender (rank 0 of {host}:{port})")
+                                    label=f"weight sender at {host}:{port}")
         self._tx.init()
 
     def send(self, version: int, named_tensors: Iterable[Tuple[str, Any]]) -> Dict[str, float]:
