@@ -1,24 +1,31 @@
-"""Contract tests run against MindSpeed-RL's real source when MINDSPEED_RL_SRC points at a checkout of the
-pinned commit (05a90d7); otherwise every test here is skipped with that reason (CI has no checkout)."""
+"""Contract tests run against MindSpeed-RL's real source: `MINDSPEED_RL_SRC` when set, else the pinned copy in
+`../shared/vendor/` (every developer machine and CI). Where neither exists every test here skips and says why.
+"""
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-SKIP_REASON = "MINDSPEED_RL_SRC not set: point it at a MindSpeed-RL checkout (commit 05a90d7) to run contract tests"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vendor_paths import mindspeed_rl_src, mindspeed_src, missing_reason  # noqa: E402
+
+_SRC = mindspeed_rl_src()
+if _SRC is not None:
+    os.environ.setdefault("MINDSPEED_RL_SRC", str(_SRC))  # msrl_shim and subprocesses read it
+_MS = mindspeed_src()
+if _MS is not None:
+    os.environ.setdefault("MINDSPEED_SRC", str(_MS))
 
 
 def pytest_collection_modifyitems(config, items):
-    src = os.environ.get("MINDSPEED_RL_SRC")
-    ok = bool(src) and (Path(src) / "mindspeed_rl").is_dir()
     for item in items:
         if "tests/contract/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.contract)
-            if not ok:
-                item.add_marker(pytest.mark.skip(reason=SKIP_REASON if not src else
-                                                 f"MINDSPEED_RL_SRC={src} has no mindspeed_rl/ package"))
+            if _SRC is None:
+                item.add_marker(pytest.mark.skip(reason=missing_reason()))
 
 
 @pytest.fixture(scope="session")
 def msrl_src() -> Path:
-    return Path(os.environ["MINDSPEED_RL_SRC"]).resolve()
+    return _SRC

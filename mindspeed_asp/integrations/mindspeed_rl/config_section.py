@@ -38,6 +38,11 @@ class MsrlAspSection(AspSection):
     iw_cap: float = Field(2.0, gt=1.0, description="upper clip of the decoupled importance weight")
     iw_mode: Literal["token", "sequence"] = Field(
         "token", description="importance weight per token, or one per sequence (product of its token ratios)")
+    audit_path: Optional[str] = Field(
+        None, description="JSON Lines record of every asynchronous update (trained groups, their versions and "
+        "lags, the weight-sync checks); None = not written")
+    sync_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one weight sync; past it the run stops "
+                                  "with an error naming the instance and rank that did not answer")
 
 
 LOSS_KEYS = tuple(k for k in MsrlAspSection.model_fields if k not in AspSection.model_fields)

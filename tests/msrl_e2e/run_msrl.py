@@ -1,0 +1,113 @@
+"""Run MindSpeed-RL's own GRPO `train` task on a CPU, the way `cli/train_grpo.py` does on a cluster.
+
+    python run_msrl.py --workdir DIR --mode {stock,asp0,asp1,async1} [--without-asp] [--iters 3]
+
+The driver installs the CPU stand-ins, imports MindSpeed-RL (`cli/train_grpo.py`, as a cluster's launcher
+does), starts a local Ray with the project's `runtime_env.yaml` (its `worker_process_setup_hook` is ASP's,
+behind the stand-ins), and calls `train.remote(config)`. Everything the workers print reaches this process's
+stdout (Ray forwards it), which the tier's tests read: MindSpeed-RL's iteration lines and ASP's audit file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "tests"))
+
+MODES = {  # name -> the asp: section (stock keeps one so the run YAML has the same shape)
+    "stock": {"mode": "stock", "instances": 1, "max_lag": 0},
+    "asp0": {"mode": "asp", "instances": 1, "max_lag": 0},
+    "asp1": {"mode": "asp", "instances": 2, "max_lag": 1},
+    "async1": {"mode": "async", "instances": 2, "max_lag": 1},
+}
+
+
+def build_plan(workdir: Path, cfg_path: Path, gbs: int, n: int, instances: int, max_lag: int) -> Path:
+    """`asp plan` over the dataset exported with ASP's exporter (ids = dataset indexes, as the loader checks)."""
+    prompts = workdir / "prompts.jsonl"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ["MINDSPEED_RL_SRC"], str(HERE)]))
+    code = ("import cpu_standins; cpu_standins.install(); import sys; "
+            "from mindspeed_asp.integrations.mindspeed_rl.export_prompts import main; "
+            f"sys.exit(main(['--config', {str(cfg_path)!r}, '-o', {str(prompts)!r}]))")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(workdir))
+    plan = workdir / "plan.parquet"
+    subprocess.run([sys.executable, "-m", "mindspeed_asp.cli", "plan", "--dataset", str(prompts),
+                    "--instances", str(instances), "--slots", "8", "--minibatch", str(gbs), "--n", str(n),
+                    "--max-lag", str(max_lag), "--planner", "asp", "-o", str(plan), "--quiet"],
+                   check=True, env=env, cwd=str(workdir))
+    return plan
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--mode", choices=sorted(MODES), required=True)
+    ap.add_argument("--without-asp", action="store_true", help="stock MindSpeed-RL, ASP not installed")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--gbs", type=int, default=2)
+    ap.add_argument("--n", type=int, default=4)
+    args = ap.parse_args()
+    root = Path(args.workdir).resolve()
+    out = root / (args.mode + ("-noasp" if args.without_asp else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    msrl = os.environ["MINDSPEED_RL_SRC"]
+    sys.path.insert(0, msrl)
+
+    import cpu_standins
+    cpu_standins.install()
+    import fixtures
+    import yaml
+    model = fixtures.make_model(root)
+    data = fixtures.make_dataset(root, model, count=(args.iters + 4) * args.gbs)
+    asp = dict(MODES[args.mode], slots=8, minibatch_groups=args.gbs, audit_path=str(out / "asp_audit.jsonl"))
+    cfg = fixtures.run_config(model, data, out, gbs=args.gbs, n=args.n, iters=args.iters, asp=asp)
+    cfg_path = out / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if asp["mode"] == "asp":
+        asp["plan_path"] = str(build_plan(out, cfg_path, args.gbs, args.n, asp["instances"], asp["max_lag"]))
+        cfg["asp"] = asp
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    os.environ["ASP_MSRL_CONFIG"] = str(cfg_path)
+
+    # As on a cluster: MindSpeed-RL's launcher module is imported before Ray starts.
+    import ray
+    from omegaconf import OmegaConf
+    import importlib
+    train_grpo = importlib.import_module("cli.train_grpo")
+    train_grpo.initialize_megatron = cpu_standins.initialize_megatron  # listed in cpu_standins: needs CUDA/NPU
+    from mindspeed_asp.integrations.mindspeed_rl.setup_hook import RUNTIME_ENV_FILE
+    env_file = Path(msrl) / "configs" / "envs" / "runtime_env.yaml" if args.without_asp else RUNTIME_ENV_FILE
+    runtime_env = yaml.safe_load(env_file.read_text())
+    runtime_env["worker_process_setup_hook"] = "cpu_standins.setup_hook"
+    runtime_env.setdefault("env_vars", {}).update({
+        "PYTHONPATH": os.pathsep.join([msrl, str(HERE), str(REPO)]),
+        "MINDSPEED_RL_SRC": msrl, "ASP_MSRL_CONFIG": str(cfg_path),
+        "ASP_STANDIN_WITHOUT_ASP": "1" if args.without_asp else "0",
+        "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
+    })
+    if os.environ.get("MINDSPEED_SRC"):
+        runtime_env["env_vars"]["MINDSPEED_SRC"] = os.environ["MINDSPEED_SRC"]
+    # TransferDock asks for 10 CPUs: logical CPUs are oversubscribed on purpose (2-core machines)
+    ray.init(num_cpus=32, resources={"NPU": 8}, runtime_env=runtime_env, include_dashboard=False,
+             log_to_driver=True)
+    t0 = time.time()
+    try:
+        ray.get(train_grpo.train.remote(OmegaConf.create(cfg)))
+    finally:
+        ray.shutdown()
+    print(f"[msrl-e2e] {args.mode} finished in {time.time() - t0:.1f}s", flush=True)
+    (out / "done.json").write_text(json.dumps({"mode": args.mode, "seconds": time.time() - t0}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
