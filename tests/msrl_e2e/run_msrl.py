@@ -77,13 +77,14 @@ def main() -> int:
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     os.environ["ASP_MSRL_CONFIG"] = str(cfg_path)
 
-    # As on a cluster: MindSpeed-RL's launcher module is imported before Ray starts.
+    # As on a cluster: `python cli/train_grpo.py` runs MindSpeed-RL's launcher as a script (so Ray pickles its
+    # `train` task and the worker classes by value, from a process where no ASP hook runs), through Hydra.
+    import runpy
     import ray
-    from omegaconf import OmegaConf
-    import importlib
-    train_grpo = importlib.import_module("cli.train_grpo")
-    train_grpo.initialize_megatron = cpu_standins.initialize_megatron  # listed in cpu_standins: needs CUDA/NPU
     from mindspeed_asp.integrations.mindspeed_rl.setup_hook import RUNTIME_ENV_FILE
+    launcher = runpy.run_path(str(Path(msrl) / "cli" / "train_grpo.py"), run_name="msrl_train_grpo")
+    # run_path returns a copy of the script's globals; its functions share the real ones
+    launcher["train"]._function.__globals__["initialize_megatron"] = cpu_standins.initialize_megatron
     env_file = Path(msrl) / "configs" / "envs" / "runtime_env.yaml" if args.without_asp else RUNTIME_ENV_FILE
     runtime_env = yaml.safe_load(env_file.read_text())
     runtime_env["worker_process_setup_hook"] = "cpu_standins.setup_hook"
@@ -96,14 +97,21 @@ def main() -> int:
     })
     if os.environ.get("MINDSPEED_SRC"):
         runtime_env["env_vars"]["MINDSPEED_SRC"] = os.environ["MINDSPEED_SRC"]
-    # TransferDock asks for 10 CPUs: logical CPUs are oversubscribed on purpose (2-core machines)
+    # A cluster's `ray start --resources` declares the NPUs; here a local Ray with logical NPUs, and logical
+    # CPUs oversubscribed on purpose (TransferDock alone asks for 10 on a 2-core machine). MindSpeed-RL's
+    # main() sees Ray initialised and skips its own ray.init.
     ray.init(num_cpus=32, resources={"NPU": 8}, runtime_env=runtime_env, include_dashboard=False,
              log_to_driver=True)
     t0 = time.time()
+    argv = sys.argv
+    sys.argv = [str(Path(msrl) / "cli" / "train_grpo.py"), "--config-path", str(out), "--config-name", "run",
+                f"hydra.run.dir={out / 'hydra'}", "hydra.output_subdir=null"]
     try:
-        ray.get(train_grpo.train.remote(OmegaConf.create(cfg)))
+        launcher["main"]()
     finally:
-        ray.shutdown()
+        sys.argv = argv
+        if ray.is_initialized():
+            ray.shutdown()
     print(f"[msrl-e2e] {args.mode} finished in {time.time() - t0:.1f}s", flush=True)
     (out / "done.json").write_text(json.dumps({"mode": args.mode, "seconds": time.time() - t0}))
     return 0

@@ -4,48 +4,47 @@ Stock `fit` runs, per iteration: put prompts -> colocated generate -> reward -> 
 old log-prob -> update, all in lockstep. Here a separate pool of vLLM-Ascend instances (rollout_worker.py,
 driven by rollout_driver.py) generates continuously; each iteration the trainer
 
-1. takes `global_batch_size` finished groups from the queue, oldest policy version first, and audits each
-   group's lag (trainer version - oldest version that produced its tokens); a group over `max_lag` is never
-   trained (regenerated or dropped, per `asp.stale_policy`, and counted),
+1. takes `global_batch_size` finished groups from the runtime's `SampleQueue` (inside the rollout driver),
+   oldest policy version first; the queue audits each sample's lag (trainer version - oldest version that
+   produced its tokens) and never hands out a group over `max_lag` (it is regenerated or dropped, per
+   `asp.stale_policy`, and counted),
 2. writes them into MindSpeed-RL's TransferDock in MindSpeed-RL's row layout (prompts, responses,
    input_ids, lengths, plus ASP's columns: prompt id, behaviour log-probs, policy version),
 3. runs MindSpeed-RL's own reward, advantage, reference, old-log-prob and update stages unchanged
    (old log-prob is always recomputed: with lag > 0 the behaviour policy is not the current one),
 4. exports the new weights with `MegatronStyleVllmWeightContainer.get_infer_params()` on every Megatron
    rank and broadcasts them over one HCCL group per inference-TP rank to every instance (version += 1),
+   with the runtime's protocol (manifest, buckets, bounded-memory checksums, a deadline naming the instance
+   and rank that did not answer); the groups are built once per run, and after every sync the instances'
+   weights are read back and compared with the actor's,
 5. logs MindSpeed-RL's metric names (`e2e_tps` with trainer + rollout NPUs in the denominator,
-   `vllm_tps`, `update_tps`, `timing/*`) plus DESIGN.md section 5's `lag/*`, `bubble/*`, `time/*`.
+   `vllm_tps`, `update_tps`, `timing/*`) plus ASP's `lag/*`, `bubble/*`, `time/*` and the loss patch's
+   `asp/*` off-policy statistics, and appends one record per update to `asp.audit_path` when set.
+
+ASP's code reaches the Megatron actors through Ray's built-in `__ray_call__` (run a function on the actor),
+never through methods added to MindSpeed-RL's worker classes: Ray fixes an actor handle's method table when
+`@ray.remote` decorates the class at import, and the `train` task receives those classes pickled from the
+driver, where no ASP hook runs, so added methods would be missing from every handle.
 """
 from __future__ import annotations
 
+import json
+import os
 import socket
 import time
-from typing import Any, Callable, Dict, List, Sequence
-
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
     ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB, PlanOrderedBatches)
-from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import GroupOutput
+from mindspeed_asp.runtime.types import GroupRequest, GroupResult
 
 
 # ------------------------------------------------------------------------ pure helpers (CPU-tested)
-def audit_groups(groups: Sequence[GroupOutput], version: int, max_lag: int) -> Dict[str, list]:
-    """Split groups into trainable and stale by lag = version - group.version; lags of the trainable ones."""
-    ok, stale, lags = [], [], []
-    for g in groups:
-        lag = version - g.version
-        if lag > max_lag:
-            stale.append(g)
-        else:
-            ok.append(g)
-            lags.extend([lag] * len(g.responses))
-    return {"ok": ok, "stale": stale, "lags": lags}
-
-
-def groups_to_rows(groups: Sequence[GroupOutput], extra: Dict[int, Dict[str, Any]], n: int) -> Dict[str, list]:
+def groups_to_rows(groups: Sequence[GroupResult], extra: Dict[int, Dict[str, Any]], n: int) -> Dict[str, list]:
     """TransferDock columns for the groups in MindSpeed-RL's layout: group k -> rows [k*n, (k+1)*n).
 
-    `extra[gid]` holds the dataset's additional keys (e.g. `labels`) and the prompt id of a group.
+    `extra[gid]` holds the dataset's additional keys (e.g. `labels`) and the prompt id of a group; each row's
+    `policy_version` is the oldest version that produced its sample (what the loss patch's lag uses).
     """
     import torch
     cols: Dict[str, list] = {"prompts": [], "prompt_length": [], "responses": [], "response_length": [],
@@ -54,28 +53,29 @@ def groups_to_rows(groups: Sequence[GroupOutput], extra: Dict[int, Dict[str, Any
     for k in keys:
         cols[k] = []
     for g in groups:
-        if len(g.responses) != n:
-            raise ValueError(f"group {g.gid} has {len(g.responses)} samples, expected n={n}")
+        gid = int(g.group_id)
+        if len(g.samples) != n:
+            raise ValueError(f"group {g.group_id} has {len(g.samples)} samples, expected n={n}")
         prompt = torch.tensor(g.prompt_token_ids, dtype=torch.int64)
-        for resp, lp in zip(g.responses, g.logprobs):
-            r = torch.tensor(resp, dtype=torch.int64)
+        for s in g.samples:
+            r = torch.tensor(s.token_ids, dtype=torch.int64)
             cols["prompts"].append(prompt)
             cols["prompt_length"].append(torch.tensor([len(prompt)]))
             cols["responses"].append(r)
             cols["response_length"].append(torch.tensor([len(r)]))
             cols["input_ids"].append(torch.cat([prompt, r]))
-            cols[ROLLOUT_LOG_PROB].append(torch.tensor(lp, dtype=torch.float32))
-            cols[POLICY_VERSION].append(torch.tensor([g.version]))
-            cols[ASP_PROMPT_ID].append(torch.tensor([int(extra.get(g.gid, {}).get(ASP_PROMPT_ID, g.gid))]))
+            cols[ROLLOUT_LOG_PROB].append(torch.tensor(s.logprobs, dtype=torch.float32))
+            cols[POLICY_VERSION].append(torch.tensor([int(s.min_version)]))
+            cols[ASP_PROMPT_ID].append(torch.tensor([int(extra.get(gid, {}).get(ASP_PROMPT_ID, g.prompt_id))]))
             for k in keys:
-                cols[k].append(extra[g.gid][k])
+                cols[k].append(extra[gid][k])
     return cols
 
 
 OUTPUT_COLUMNS = ("responses", "response_length", "input_ids", ROLLOUT_LOG_PROB, POLICY_VERSION)
 
 
-def put_groups(put: Callable[[Dict[str, Any], List[int], bool], Any], groups: Sequence[GroupOutput],
+def put_groups(put: Callable[[Dict[str, Any], List[int], bool], Any], groups: Sequence[GroupResult],
                extra: Dict[int, Dict[str, Any]], n: int) -> List[int]:
     """Write finished groups into the TransferDock as MindSpeed-RL's own stages would: the prompt columns
     with `is_prompt=True` (what `fit` puts), then the rollout outputs (what the rollout stage collects).
@@ -90,25 +90,46 @@ def put_groups(put: Callable[[Dict[str, Any], List[int], bool], Any], groups: Se
     return indexes
 
 
-def iteration_metrics(groups: Sequence[GroupOutput], lags: Sequence[int], max_lag: int, instances: int,
+def rollout_span(groups: Sequence[GroupResult]) -> float:
+    """Wall-clock seconds from the first group's start to the last group's end (instances on any node)."""
+    return (max(g.t_finished for g in groups) - min(g.t_started for g in groups)) if groups else 0.0
+
+
+def iteration_metrics(groups: Sequence[GroupResult], lags: Sequence[int], max_lag: int, instances: int,
                       t_iter: float, wait_s: float, sync_s: float, total_npus: int) -> Dict[str, float]:
-    """ASP's metrics of one iteration (DESIGN.md section 5 names) from the trained groups."""
+    """ASP's metrics of one iteration from the trained groups (lag statistics as the runtime computes them)."""
     from mindspeed_asp.runtime.metrics_log import GroupSpan, lag_stats, skewness
-    spans = [GroupSpan(g.instance, g.gid, g.start, g.start, g.end, len(g.prompt_token_ids) * len(g.responses),
-                       sum(len(r) for r in g.responses), [len(r) for r in g.responses], g.version, 0)
-             for g in groups]
+    spans = [GroupSpan(g.instance, int(g.group_id), g.t_enqueued, g.t_started, g.t_finished,
+                       len(g.prompt_token_ids) * len(g.samples), g.response_tokens,
+                       [len(s.token_ids) for s in g.samples], g.min_version, 0) for g in groups]
     sk = skewness(spans, instances)
     ls = lag_stats(list(lags), max_lag)
     tokens = sum(s.prompt_tokens + s.response_tokens for s in spans)
-    rollout_span = (max(g.end for g in groups) - min(g.start for g in groups)) if groups else 0.0
+    resp = [len(s.token_ids) for g in groups for s in g.samples]
+    token_lag = sum(lag * n for lag, n in zip(lags, resp)) / sum(resp) if resp and sum(resp) else 0.0
     return {
         "lag/mean": ls["lag/mean"], "lag/p99": ls["lag/p99"], "lag/max": float(ls["lag/max"]),
-        "lag/frac_over_bound": ls["lag/frac_over_bound"],
+        "lag/frac_over_bound": ls["lag/frac_over_bound"], "lag/token_weighted_mean": float(token_lag),
         "bubble/skewness": sk["skew"], "bubble/after90": sk["after90"],
         "bubble/sorting": wait_s / t_iter if t_iter > 0 else 0.0,
-        "time/iteration": t_iter, "time/rollout": rollout_span, "time/weight_sync": sync_s,
+        "time/iteration": t_iter, "time/rollout": rollout_span(groups), "time/weight_sync": sync_s,
         "throughput/e2e_tps": tokens / (total_npus * t_iter) if t_iter > 0 else 0.0,
     }
+
+
+def async_timing_metrics(data_strategy: Any, groups: Sequence[GroupResult]) -> None:
+    """The timings MindSpeed-RL's `metrics_sort` indexes that only its colocated rollout writes.
+
+    `metrics_sort` reads `timing/resharding_to_infer` unconditionally (written by `generate_sequences`, which
+    the asynchronous fit never calls): without it the first update's logging raises KeyError. Here no
+    resharding happens on the trainer's devices, so it is 0; `timing/rollout` is the wall-clock span of the
+    trained groups' generation.
+    """
+    data_strategy.update_metrics("timing/rollout", value=[rollout_span(groups), 0.0], cumulate=True)
+    data_strategy.update_metrics("timing/resharding_to_infer", value=[0.0], cumulate=True)
+
+
+READBACK_NAMES = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
 
 
 def free_port() -> int:
@@ -117,39 +138,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_ip() -> str:
+# ------------------------------------------------------------------------ Megatron-side (run by __ray_call__)
+def asp_sender_address(worker: Any) -> Tuple[str, int]:
+    """The actor's node IP and a port free there: rank 0 of a weight group hosts the group's store."""
     import ray
-    return ray.util.get_node_ip_address()
+    return ray.util.get_node_ip_address(), free_port()
 
 
-# ------------------------------------------------------------------------ Megatron-side methods
-def asp_init_weight_sender(self, host: str, port: int, world_size: int) -> bool:
-    """(Added to ActorHybridWorkerBase.) Join the HCCL group of this infer-TP rank as its sender (rank 0)."""
-    import torch
-    from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import hccl_communicator, stateless_group
-    self._asp_group = stateless_group(host, port, 0, world_size)
-    self._asp_comm = hccl_communicator(self._asp_group, torch.device(f"npu:{torch.npu.current_device()}"))
+def asp_init_weight_sender(worker: Any, backend: str, host: str, port: int, world_size: int,
+                           timeout_s: float) -> bool:
+    """Join the weight group of this infer-TP rank as its sender (rank 0), once for the run."""
+    from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import WeightSender
+    from mindspeed_asp.runtime.platform import current_platform
+    platform = current_platform()
+    device = platform.device(int(os.environ.get("LOCAL_RANK", "0"))) if platform.is_accelerator else None
+    worker._asp_sender = WeightSender(backend, host, port, world_size, device=device, timeout_s=timeout_s)
     return True
 
 
-def asp_push_weights(self, version: int) -> int:
-    """(Added to ActorHybridWorkerBase.) Export vLLM-shaped weights on every Megatron rank (a collective
-    over the actor world) and broadcast them from the senders; returns bytes sent by this rank."""
-    from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import send_state
-    sm = self.sharding_manager
+def asp_push_weights(worker: Any, version: int, readback: Sequence[str] = READBACK_NAMES) -> Dict[str, Any]:
+    """Export vLLM-shaped weights on this Megatron rank (a collective over the actor world) and broadcast them
+    from the senders; returns the round's metrics and checksums of the read-back tensors."""
+    from mindspeed_asp.integrations.mindspeed_rl import loss_patch
+    from mindspeed_asp.runtime.weight_sync import tensor_checksum
+    sm = worker.sharding_manager
     sm.onload_infer_params()
     params = sm.vllm_weight_container.get_infer_params()
-    sent = 0
-    if getattr(self, "_asp_comm", None) is not None:
-        sent = send_state(self._asp_comm, self._asp_group, params, src=0, version=version)
-    sm.offload_infer_params()
-    return sent
-
-
-SENDER_METHODS = [
-    ("mindspeed_rl.workers.actor_hybrid_worker.ActorHybridWorkerBase.asp_init_weight_sender", asp_init_weight_sender),
-    ("mindspeed_rl.workers.actor_hybrid_worker.ActorHybridWorkerBase.asp_push_weights", asp_push_weights),
-]
+    out: Dict[str, Any] = {"bytes": 0.0, "checksums": {}}
+    try:
+        sender = getattr(worker, "_asp_sender", None)
+        if sender is not None:
+            out.update(sender.send(int(version), list(params.items())))
+            out["bytes"] = float(out.get("weight_sync/bytes", 0.0))
+            out["checksums"] = {n: tensor_checksum(params[n]) for n in readback if n in params}
+    finally:
+        sm.offload_infer_params()
+    loss_patch.set_trainer_version(int(version))  # the next update trains from these weights
+    return out
 
 
 # ------------------------------------------------------------------------ the fit replacement
@@ -161,59 +186,107 @@ class AsyncFit:
         self.version = 0
         self.next_gid = 0
         self.extra: Dict[int, Dict[str, Any]] = {}
-        self.counts = {"stale_dropped": 0, "stale_regenerated": 0}
         self.workers: List[List[Any]] = []
         self.driver: Any = None
+        self.handlers: List[Any] = list(trainer.actor_worker.actor_handlers)
+        self.sampling = dict(trainer.actor_worker.generate_config.dict().get("sampling_config", {}))
+        self.audit = open(self.asp.audit_path, "a") if getattr(self.asp, "audit_path", None) else None
+
+    def _call_actors(self, fn: Callable[..., Any], *args: Any) -> List[Any]:
+        """Run `fn(worker, *args)` on every Megatron rank (Ray's __ray_call__; see the module docstring)."""
+        return [h.__ray_call__.remote(fn, *args) for h in self.handlers]
 
     # -- setup
     def start_pool(self) -> None:
         import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
         from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import (
             RolloutWorker, ascend_engine_factory, instance_env)
+        from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import sync_deadline
+        from mindspeed_asp.runtime.platform import current_platform
         gen = self.t.actor_worker.generate_config.dict()
         model_path = self.t.actor_worker.megatron_config.tokenizer_name_or_path
-        tp, m = self.topo.infer_tp, self.asp.instances
+        tp, m, n = self.topo.infer_tp, self.asp.instances, self.topo.n
+        mem = float(getattr(self.asp, "rollout_memory_utilization", 0.9))
         cls = ray.remote(resources={"NPU": 1}, num_cpus=1)(RolloutWorker)
+
+        def make(j: int, r: int, addr: str, port: int, pg: Any) -> Any:
+            env = instance_env(j, r, tp, addr, port)
+            strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=r)
+            return cls.options(runtime_env={"env_vars": env}, name=f"asp_rollout_{j}_{r}",
+                               scheduling_strategy=strategy).remote(
+                j, r, n, self.sampling, lambda g=gen, p=model_path, u=mem: ascend_engine_factory(g, p, u))
+
+        # One placement group per instance keeps its TP ranks on one node; its TP world rendezvous at that
+        # node's address (instances may sit on other nodes than the train task).
         for j in range(m):
-            port, ranks = free_port(), []
-            for r in range(tp):
-                env = instance_env(j, r, tp, node_ip(), port)
-                ranks.append(cls.options(runtime_env={"env_vars": env}, name=f"asp_rollout_{j}_{r}").remote(
-                    j, r, self.topo.n, gen.get("sampling_config", {}),
-                    lambda g=gen, p=model_path: ascend_engine_factory(g, p)))
-            self.workers.append(ranks)
-        # one HCCL group per inference-TP rank: the Megatron rank holding that shard + rank r of every instance
-        host = node_ip()
-        refs = []
-        handlers = self.t.actor_worker.actor_handlers
+            pg = placement_group([{"NPU": 1, "CPU": 1} for _ in range(tp)], strategy="STRICT_PACK")
+            ray.get(pg.ready())
+            probe = ray.remote(num_cpus=0)(_NodeProbe).options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=0)).remote()
+            addr, port = ray.get(probe.address.remote())
+            ray.kill(probe)
+            self.workers.append([make(j, r, addr, port, pg) for r in range(tp)])
+        backend = current_platform().dist_backend
+        timeout = float(getattr(self.asp, "sync_timeout_s", 600.0))
+        # One weight group per infer-TP rank: the Megatron rank holding that shard + rank r of every instance,
+        # rendezvous at the sender's node. Built once and reused for every sync.
+        refs: Dict[str, Any] = {}
         for r in range(tp):
-            port = free_port()
-            refs.append(handlers[r].asp_init_weight_sender.remote(host, port, 1 + m))
-            refs += [self.workers[j][r].init_weight_group.remote(host, port, 1 + j, 1 + m) for j in range(m)]
-        ray.get(refs)
+            host, port = ray.get(self.handlers[r].__ray_call__.remote(asp_sender_address))
+            for j in range(m):
+                refs[f"instance {j} tp-rank {r}"] = self.workers[j][r].init_weight_group.remote(
+                    backend, host, port, 1 + j, 1 + m, timeout)
+            refs[f"actor rank {r} (sender)"] = self.handlers[r].__ray_call__.remote(
+                asp_init_weight_sender, backend, host, port, 1 + m, timeout)
+        sync_deadline(refs, timeout)
         policy = "plan" if self.asp.mode == "asp" else "least_loaded"
-        capacity = max(1, self.asp.slots // self.topo.n)
+        capacity = max(1, self.asp.slots // n)
         self.driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
-            self.workers, policy, self.asp.max_lag, self.topo.gbs, capacity, 16, self.asp.work_stealing)
+            self.workers, policy, self.asp.max_lag, self.topo.gbs, capacity, 16, self.asp.work_stealing,
+            self.asp.stale_policy)
         self.sync_weights(0)
 
-    def sync_weights(self, version: int) -> float:
-        """Pause stepping, broadcast, load, bump the version, resume. Raises on any failure."""
+    def sync_weights(self, version: int) -> Dict[str, float]:
+        """Pause stepping, broadcast, load, read back, bump the version, resume. Raises on any failure."""
         import ray
-        t0 = time.monotonic()
+        from mindspeed_asp.errors import WeightSyncError
+        from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import sync_deadline
+        from mindspeed_asp.runtime.weight_sync import tensor_checksum
+        t0 = time.time()
+        timeout = float(getattr(self.asp, "sync_timeout_s", 600.0))
         ray.get(self.driver.pause.remote())
-        send = self.t.actor_worker.execute_async_command("asp_push_weights", version)
-        recv = [w.receive_weights.remote() for ranks in self.workers for w in ranks]
-        sent = ray.get(send)
-        got = ray.get(recv)
-        if sum(sent) == 0 or any(v != version for v in got):
-            from mindspeed_asp.errors import WeightSyncError
-            raise WeightSyncError(f"weight sync {version}: sent {sum(sent)} bytes, instances report {got}")
+        refs = {f"actor rank {i}": ref for i, ref in enumerate(self._call_actors(asp_push_weights, version))}
+        for j, ranks in enumerate(self.workers):
+            for r, w in enumerate(ranks):
+                refs[f"instance {j} tp-rank {r}"] = w.receive_weights.remote()
+        got = sync_deadline(refs, timeout)
+        bad = {k: v for k, v in got.items() if k.startswith("instance") and v != version}
+        if bad:
+            raise WeightSyncError(f"weight sync {version}: instances report other versions {bad}")
+        sent = sum(float(v.get("bytes", 0.0)) for k, v in got.items() if k.startswith("actor"))
+        if sent <= 0:
+            raise WeightSyncError(f"weight sync {version}: the actor ranks sent nothing")
+        expected = got["actor rank 0"]["checksums"]
+        checked = 0
+        for j, ranks in enumerate(self.workers):
+            engine = ray.get(ranks[0].read_weights.remote(list(expected)))
+            for name, want in expected.items():
+                if name not in engine:
+                    continue
+                have = tensor_checksum(engine[name])
+                if abs(have - want) > 1e-5 * max(1.0, abs(want)):
+                    raise WeightSyncError(f"weight sync {version}: instance {j} holds other values for {name} "
+                                          f"after loading (checksum {have:.6g}, actor {want:.6g})")
+                checked += 1
+        if expected and not checked:
+            raise WeightSyncError(f"weight sync {version}: no instance parameter could be read back")
         ray.get(self.driver.set_version.remote(version))
         ray.get(self.driver.resume.remote())
         self.version = version
-        return time.monotonic() - t0
+        return {"time/weight_sync": time.time() - t0, "asp/sync_bytes": sent, "asp/sync_readback": float(checked)}
 
     # -- data
     def feed_window(self, data_iters: Any) -> bool:
@@ -223,16 +296,21 @@ class AsyncFit:
             batch = next(data_iters)
         except StopIteration:
             return False
-        prompts, extra, gids = {}, {}, []
+        requests, extra, gids = [], {}, []
         keys = [k for k in batch if k != "prompts"]
+        max_new = int(self.sampling.get("max_tokens", self.topo.max_tokens))
+        seed = self.sampling.get("seed")
         for k, prompt in enumerate(batch["prompts"]):
             gid = self.next_gid
             self.next_gid += 1
             gids.append(gid)
-            prompts[gid] = [int(x) for x in prompt.tolist()]
             extra[gid] = {key: batch[key][k] for key in keys}
+            pid = gid
             if ASP_PROMPT_ID in extra[gid]:
-                extra[gid][ASP_PROMPT_ID] = int(extra[gid][ASP_PROMPT_ID].view(-1)[0])
+                pid = extra[gid][ASP_PROMPT_ID] = int(extra[gid][ASP_PROMPT_ID].view(-1)[0])
+            requests.append(GroupRequest(str(gid), str(pid), [int(x) for x in prompt.tolist()], self.topo.n, max_new,
+                                         float(self.sampling.get("temperature", 1.0)),
+                                         None if seed is None else int(seed) + gid * self.topo.n))
         self.extra.update(extra)
         queues = None
         if self.asp.mode == "asp" and isinstance(data_iters, PlanOrderedBatches):
@@ -241,27 +319,33 @@ class AsyncFit:
             for s in sizes:
                 queues.append(gids[start:start + s])
                 start += s
-        ray.get(self.driver.load_window.remote(prompts, {}, queues))
+        ray.get(self.driver.load_window.remote(requests, {}, queues))
         return True
 
-    # -- one iteration
     def take_trainable(self) -> Dict[str, Any]:
         import ray
-        gbs, ok, lags, wait = self.topo.gbs, [], [], 0.0
-        while len(ok) < gbs:
-            got = ray.get(self.driver.take.remote(gbs - len(ok)))
-            wait += got["wait_s"]
-            a = audit_groups(got["groups"], self.version, self.asp.max_lag)
-            ok += a["ok"]
-            lags += a["lags"]
-            for g in a["stale"]:
-                if self.asp.stale_policy == "regenerate":
-                    ray.get(self.driver.requeue.remote(g.gid))
-                    self.counts["stale_regenerated"] += 1
-                else:
-                    ray.get(self.driver.drop.remote(g.gid))
-                    self.counts["stale_dropped"] += 1
-        return {"groups": ok, "lags": lags, "wait_s": wait}
+        return ray.get(self.driver.next_minibatch.remote(self.version))
+
+    def record(self, iteration: int, got: Dict[str, Any], sync: Dict[str, float]) -> None:
+        """One audit line per update: what was trained, from which versions, and the sync that followed."""
+        if self.audit is None:
+            return
+        groups = got["groups"]
+        self.audit.write(json.dumps({
+            "iteration": iteration, "train_version": self.version - 1, "new_version": self.version,
+            "group_ids": [g.group_id for g in groups], "prompt_ids": [g.prompt_id for g in groups],
+            "instances": [g.instance for g in groups], "lags": got["lags"],
+            "min_versions": [g.min_version for g in groups], "counters": got.get("counters", {}),
+            "sync": sync}) + "\n")
+        self.audit.flush()
+
+
+class _NodeProbe:
+    """Finds a node IP and free port where an instance's TP rank 0 will run (same NPU resource shape)."""
+
+    def address(self) -> Tuple[str, int]:
+        import ray
+        return ray.util.get_node_ip_address(), free_port()
 
 
 def asp_fit(self, data_iters: Any) -> None:
@@ -287,7 +371,7 @@ def asp_fit(self, data_iters: Any) -> None:
     tps_kwargs = dict(self.kwargs)
     tps_kwargs["actor_resource"] = {"num_npus": topo.total_npus}  # trainer + rollout NPUs, like-for-like
     tps_kwargs["use_integrated_worker"] = True
-    self.skip_actor_log_prob = False
+    self.skip_actor_log_prob = False  # the proximal log-prob is always recomputed
     self.actor_worker.skip_actor_log_prob = False
     n, gbs = topo.n, topo.gbs
     while iteration < self.train_iters:
@@ -297,8 +381,7 @@ def asp_fit(self, data_iters: Any) -> None:
             groups = got["groups"]
             run.feed_window(data_iters)
             put_groups(lambda d, i, p: self.data_strategy.put_experience(d, i, is_prompt=p), groups, run.extra, n)
-            rollout_span = max(g.end for g in groups) - min(g.start for g in groups)
-            self.data_strategy.update_metrics("timing/rollout", value=[rollout_span, 0.0], cumulate=True)
+            async_timing_metrics(self.data_strategy, groups)
             rule_reward = []
             for reward_worker in self.reward_list:
                 if isinstance(reward_worker, RayActorGroup):
@@ -315,23 +398,26 @@ def asp_fit(self, data_iters: Any) -> None:
             grpo_data_metrics = compute_grpo_data_metrics(self.transfer_dock, gbs * n, self.tokenizer, gbs * n,
                                                           self.guarantee_order)
             metrics_result = self.data_strategy.get_metrics()
-            sync_s = run.sync_weights(run.version + 1)
+            sync = run.sync_weights(run.version + 1)
         metrics_result = metrics_post_processing(metrics_result)
         metrics_result = metrics_sort(metrics_result, all_timer.last)
-        metrics_result["timing/weight_sync"] = sync_s
+        metrics_result["timing/weight_sync"] = sync["time/weight_sync"]
         lmt = self.actor_worker.rl_config.log_max_throughput
         metrics.update(value=metrics_result)
         metrics.update(value=grpo_data_metrics)
         metrics.update("e2e_tps", compute_tps(tps_kwargs, grpo_data_metrics, gbs, n, all_timer.last, lmt))
         metrics.update("update_tps", compute_tps(tps_kwargs, grpo_data_metrics, gbs, n,
                                                  metrics_result["timing/update"], lmt))
-        metrics.update("vllm_tps", compute_tps(tps_kwargs, grpo_data_metrics, gbs, n, max(rollout_span, 1e-9), lmt))
+        metrics.update("vllm_tps", compute_tps(tps_kwargs, grpo_data_metrics, gbs, n,
+                                               max(rollout_span(groups), 1e-9), lmt))
         asp_m = iteration_metrics(groups, got["lags"], topo.asp.max_lag, topo.asp.instances, all_timer.last,
-                                  got["wait_s"], sync_s, topo.total_npus)
-        asp_m.update({f"asp/{k}": float(v) for k, v in run.counts.items()})
+                                  got["wait_s"], sync["time/weight_sync"], topo.total_npus)
+        asp_m.update({f"asp/{k}": float(v) for k, v in got.get("counters", {}).items()})
         asp_m["asp/policy_version"] = float(run.version)
+        asp_m["asp/sync_readback"] = sync["asp/sync_readback"]
         metrics.update(value=asp_m)
         iteration += 1
+        run.record(iteration, got, sync)
         logger.info(metrics.metric, iteration, self.train_iters)
         self.data_strategy.clear_main()
         if self.tensorboard is not None:
@@ -357,4 +443,4 @@ def fit_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
     return fit
 
 
-TRAINER_PATCHES = [("mindspeed_rl.trainer.grpo_trainer_hybrid.RayGRPOTrainer.fit", fit_wrapper)] + SENDER_METHODS
+TRAINER_PATCHES = [("mindspeed_rl.trainer.grpo_trainer_hybrid.RayGRPOTrainer.fit", fit_wrapper)]

@@ -41,6 +41,9 @@ class MsrlAspSection(AspSection):
     audit_path: Optional[str] = Field(
         None, description="JSON Lines record of every asynchronous update (trained groups, their versions and "
         "lags, the weight-sync checks); None = not written")
+    rollout_memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="device memory fraction of a dedicated rollout instance (weights + KV); "
+        "generate_config.gpu_memory_utilization stays the colocated engines' share")
     sync_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one weight sync; past it the run stops "
                                   "with an error naming the instance and rank that did not answer")
 

@@ -1,40 +1,45 @@
-"""Drives the rollout instances: plan dispatch, max-lag admission, lockstep stepping, finished-group queue.
+"""Drives the rollout instances of the MindSpeed-RL integration: dispatch, admission, lockstep stepping.
 
-It runs as a threaded Ray actor next to the trainer so generation continues while the trainer's blocking
-Megatron update runs. Dispatch decisions are the runtime's `Dispatcher` (plan / least-loaded, stealing) and
-`admission_budget` (AReaL's max-lag rule), shared with the CPU and GPU tiers; this class only adds the
-MindSpeed-RL instance shape (several TP ranks per instance, called in lockstep).
+A threaded Ray actor next to the trainer, so generation continues while Megatron's blocking update runs.
+Every decision is the runtime's, shared with the CPU and GPU tiers and tested there: the `Dispatcher` (plan or
+least-loaded order, work stealing, re-dispatch of a dead instance's groups), the `LagController` (the
+max-lag admission counter) and the `SampleQueue` (finished groups, the per-sample lag audit, minibatch
+order, stale groups dropped or handed back for regeneration). This class only adds MindSpeed-RL's instance
+shape: several TP-rank actors per instance, called in lockstep.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import GroupJob, GroupOutput
-from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket, admission_budget
+from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
+from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
+from mindspeed_asp.runtime.types import GroupRequest, GroupResult
 
 
 class RolloutDriver:
-    """Feeds `instances[j]` (a list of TP-rank actor handles) from the dispatcher, collects finished groups.
+    """Feeds `instances[j]` (a list of TP-rank actor handles) from the dispatcher; collects finished groups.
 
     `max_lag`: a group admitted at version v is trained at a version <= v + max_lag (admission), and the
-    trainer audits it again. `capacity`: groups in flight per instance (slots // n keeps vLLM's batch full).
+    queue audits every sample again when it is taken. `capacity`: groups in flight per instance.
     """
 
     def __init__(self, instances: Sequence[Sequence[Any]], policy: str, max_lag: int, minibatch_groups: int,
-                 capacity: int, steps_per_call: int = 16, work_stealing: bool = True) -> None:
+                 capacity: int, steps_per_call: int = 16, work_stealing: bool = True,
+                 stale_policy: str = "regenerate") -> None:
         import ray  # noqa: F401  (actor context)
         self.instances = [list(ranks) for ranks in instances]
         self.dispatcher = Dispatcher(policy, len(self.instances), capacity=capacity, work_stealing=work_stealing)
-        self.max_lag, self.M, self.steps = max_lag, minibatch_groups, steps_per_call
+        self.lag = LagController(max_lag, minibatch_groups)
+        self.queue = SampleQueue(self.lag, stale_policy=stale_policy)
+        self.steps = steps_per_call
         self.version = 0
-        self.accepted = 0
-        self.prompts: Dict[int, List[int]] = {}
-        self.pending: List[List[GroupJob]] = [[] for _ in self.instances]
+        self.requests: Dict[int, GroupRequest] = {}
+        self.pending: List[List[Tuple[GroupRequest, int]]] = [[] for _ in self.instances]
         self.outstanding: Dict[int, List[Any]] = {}
-        self.finished: List[GroupOutput] = []
         self.errors: List[str] = []
+        self.deaths: List[Dict[str, Any]] = []
         self.paused = False
         self.stopped = False
         self.lock = threading.Condition()
@@ -42,11 +47,15 @@ class RolloutDriver:
         self.thread.start()
 
     # ---------------------------------------------------------------- control (called by the trainer)
-    def load_window(self, prompts: Dict[int, List[int]], predicted: Dict[int, float],
+    def load_window(self, requests: Sequence[GroupRequest], predicted: Dict[int, float],
                     plan_queues: Optional[List[List[int]]] = None) -> int:
+        """Queue a window of groups (`group_id` = str of an int gid), in plan queues when the plan dispatches."""
         with self.lock:
-            self.prompts.update({int(k): list(v) for k, v in prompts.items()})
-            tickets = [Ticket(int(g), float(predicted.get(g, 1.0))) for g in prompts]
+            tickets = []
+            for req in requests:
+                gid = int(req.group_id)
+                self.requests[gid] = req
+                tickets.append(Ticket(gid, float(predicted.get(gid, 1.0))))
             self.dispatcher.load_window(tickets, plan_queues)
             self.lock.notify_all()
             return self.dispatcher.queued()
@@ -62,44 +71,42 @@ class RolloutDriver:
             self.paused = True
             ok = self.lock.wait_for(lambda: not self.outstanding or self.errors, timeout=timeout)
             self._raise()
-            return bool(ok)
+            if not ok:
+                raise TimeoutError(f"rollout instances still busy after {timeout}s: cannot pause for a weight sync")
+            return True
 
     def resume(self) -> None:
         with self.lock:
             self.paused = False
             self.lock.notify_all()
 
-    def take(self, k: int, timeout: float = 86400.0) -> Dict[str, Any]:
-        """Block until k finished groups are available; return them oldest version first, and the wait."""
-        t0 = time.monotonic()
-        with self.lock:
-            ok = self.lock.wait_for(lambda: len(self.finished) >= k or self.errors, timeout=timeout)
-            self._raise()
-            if not ok:
-                raise TimeoutError(f"no {k} finished groups within {timeout}s")
-            self.finished.sort(key=lambda o: (o.version, o.end))
-            out, self.finished = self.finished[:k], self.finished[k:]
-            return {"groups": out, "wait_s": time.monotonic() - t0, "queued": self.dispatcher.queued(),
-                    "in_flight": self.dispatcher.in_flight_count(), "ready_left": len(self.finished)}
+    def next_minibatch(self, train_version: int, timeout: float = 86400.0) -> Dict[str, Any]:
+        """Block until the queue holds a trainable minibatch for `train_version`; return it with the wait.
 
-    def requeue(self, gid: int) -> None:
-        """A stale group is regenerated (counts again against admission)."""
+        Stale groups found on the way are handed back to the dispatcher (regenerate) or dropped, per the
+        queue's policy; both free their admission place.
+        """
+        t0 = time.time()
+        deadline = t0 + timeout
         with self.lock:
-            self.dispatcher.requeue(int(gid))
-            self.accepted -= 1
-            self.lock.notify_all()
-
-    def drop(self, gid: int) -> None:
-        with self.lock:
-            self.accepted -= 1
+            while True:
+                self._raise()
+                batch = self.queue.next_minibatch(int(train_version), prefer="oldest")
+                self._requeue_stale()
+                if batch is not None:
+                    lags = [int(train_version) - int(s.min_version) for g in batch for s in g.samples]
+                    return {"groups": batch, "lags": lags, "wait_s": time.time() - t0,
+                            "queued": self.dispatcher.queued(), "in_flight": self.dispatcher.in_flight_count(),
+                            "ready_left": self.queue.occupancy(), "counters": self.queue.counters()}
+                if time.time() >= deadline:
+                    raise TimeoutError(f"no trainable minibatch for version {train_version} within {timeout}s")
+                self.lock.wait(timeout=0.05)
 
     def stats(self) -> Dict[str, Any]:
-        import ray
         with self.lock:
-            steals = [(s.thief, s.victim, s.gid) for s in self.dispatcher.steals]
-            queued = self.dispatcher.queued()
-        per = ray.get([ranks[0].stats.remote() for ranks in self.instances]) if not self.outstanding else []
-        return {"steals": steals, "queued": queued, "instances": per}
+            return {"steals": [(s.thief, s.victim, s.gid) for s in self.dispatcher.steals],
+                    "queued": self.dispatcher.queued(), "counters": self.queue.counters(),
+                    "deaths": list(self.deaths), "lags": list(self.queue.all_lags)}
 
     def stop(self) -> None:
         with self.lock:
@@ -111,7 +118,25 @@ class RolloutDriver:
         if self.errors:
             raise RuntimeError("rollout instance failed: " + self.errors[0])
 
+    def _requeue_stale(self) -> None:
+        for g in self.queue.take_stale():
+            self.dispatcher.requeue(int(g.group_id))
+
     # ---------------------------------------------------------------- the loop
+    def _admit(self) -> None:
+        budget = self.lag.budget(self.lag.live_dispatched, self.version)
+        for j, t in self.dispatcher.fill(budget):
+            self.lag.record_dispatch(1)
+            self.pending[j].append((self.requests[t.gid], self.version))
+
+    def _issue(self) -> None:
+        for j, ranks in enumerate(self.instances):
+            if j in self.outstanding or not self.dispatcher.alive[j]:
+                continue
+            if self.pending[j] or self.dispatcher.in_flight_count(j):
+                jobs, self.pending[j] = self.pending[j], []
+                self.outstanding[j] = [r.run.remote(jobs, self.steps) for r in ranks]
+
     def _loop(self) -> None:
         import ray
         while True:
@@ -119,16 +144,8 @@ class RolloutDriver:
                 if self.stopped:
                     return
                 if not self.paused:
-                    budget = admission_budget(self.version, self.max_lag, self.M, self.accepted)
-                    for j, t in self.dispatcher.fill(budget):
-                        self.accepted += 1
-                        self.pending[j].append(GroupJob(t.gid, self.prompts[t.gid], self.version))
-                    for j, ranks in enumerate(self.instances):
-                        if j in self.outstanding or not self.dispatcher.alive[j]:
-                            continue
-                        if self.pending[j] or self.dispatcher.in_flight_count(j):
-                            jobs, self.pending[j] = self.pending[j], []
-                            self.outstanding[j] = [r.run.remote(jobs, self.steps) for r in ranks]
+                    self._admit()
+                    self._issue()
                 refs = {j: refs[0] for j, refs in self.outstanding.items()}
                 if not refs:
                     self.lock.wait(timeout=0.05)
@@ -137,20 +154,26 @@ class RolloutDriver:
             for ref in ready:
                 j = next(k for k, r in refs.items() if r == ref)
                 try:
-                    results = ray.get(self.outstanding[j])  # every TP rank: surfaces errors, keeps lockstep
-                except Exception as exc:  # an instance died: re-dispatch its groups
-                    with self.lock:
-                        self.outstanding.pop(j, None)
-                        self.pending[j] = []
-                        try:
-                            self.dispatcher.on_instance_dead(j)
-                        except RuntimeError as fatal:
-                            self.errors.append(f"{fatal}: {exc}")
-                        self.lock.notify_all()
+                    results: List[List[GroupResult]] = ray.get(self.outstanding[j])  # all TP ranks: lockstep
+                except Exception as exc:  # an instance died: its groups go back to the others
+                    self._on_dead(j, exc)
                     continue
                 with self.lock:
                     self.outstanding.pop(j, None)
                     for out in results[0]:
-                        if self.dispatcher.on_finished(j, out.gid):
-                            self.finished.append(out)
+                        if self.dispatcher.on_finished(j, int(out.group_id)):
+                            self.queue.put(out)
                     self.lock.notify_all()
+
+    def _on_dead(self, j: int, exc: Exception) -> None:
+        with self.lock:
+            self.outstanding.pop(j, None)
+            self.pending[j] = []
+            in_flight = self.dispatcher.in_flight_count(j)
+            try:
+                moved = self.dispatcher.on_instance_dead(j)
+                self.lag.record_removed(in_flight)  # their re-dispatch counts them again
+                self.deaths.append({"instance": j, "error": str(exc)[:300], "redispatched": len(moved)})
+            except RuntimeError as fatal:
+                self.errors.append(f"{fatal}: {exc}")
+            self.lock.notify_all()

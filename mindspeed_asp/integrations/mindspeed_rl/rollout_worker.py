@@ -13,34 +13,12 @@ re-tokenises), and vLLM's per-token log-probs are kept (MindSpeed-RL drops them)
 from __future__ import annotations
 
 import os
+import socket
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from mindspeed_asp.errors import WeightSyncError
-
-
-@dataclass
-class GroupJob:
-    """A prompt group to generate: `gid` is its row in the epoch's prompt set, `version` the policy version
-    current when it was admitted (the oldest version that can produce its tokens)."""
-
-    gid: int
-    prompt_token_ids: List[int]
-    version: int
-
-
-@dataclass
-class GroupOutput:
-    gid: int
-    instance: int
-    prompt_token_ids: List[int]
-    responses: List[List[int]]
-    logprobs: List[List[float]]
-    version: int  # oldest policy version that produced any of its tokens
-    start: float
-    end: float
-    meta: Dict[str, Any] = field(default_factory=dict)
+from mindspeed_asp.runtime.types import GroupRequest, GroupResult, SampleResult
 
 
 def make_sampling_params(sampling: Dict[str, Any], seed: Optional[int] = None) -> Any:
@@ -71,11 +49,14 @@ def bind_npu() -> int:
     return local
 
 
-def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_path: str) -> Any:
+def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_path: str,
+                          memory_utilization: float = 0.9) -> Any:
     """MindSpeed-RL's VLLMInferEngine without Megatron parallel state (train sizes None), megatron load format.
 
     It loads dummy weights, installs MindSpeed-RL's megatron weight loaders and vllm-ascend's patches; the
-    real weights arrive with the first sync (version 0).
+    real weights arrive with the first sync (version 0). `memory_utilization` replaces the colocated
+    `gpu_memory_utilization` (0.4 leaves room for Megatron on shared devices): a rollout device holds only
+    the engine, so its KV cache takes what the engine's weights leave (asp.rollout_memory_utilization).
     """
     bind_npu()
     from mindspeed_rl.models.rollout.vllm_engine import VLLMInferEngine  # NPU nodes only
@@ -91,7 +72,7 @@ def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_pat
         enable_prefix_caching=bool(g.get("enable_prefix_caching", False)),
         max_num_seqs=int(g.get("max_num_seqs", 256)), max_model_len=int(g.get("max_model_len", 4096)),
         max_num_batched_tokens=int(g.get("max_num_batched_tokens", 8192)), dtype=g.get("dtype", "bfloat16"),
-        gpu_memory_utilization=float(g.get("gpu_memory_utilization", 0.8)),
+        gpu_memory_utilization=float(memory_utilization),
         trust_remote_code=bool(g.get("trust_remote_code", True)), load_format="megatron",
         enforce_eager=bool(g.get("enforce_eager", False)), torchair_graph=bool(g.get("torchair_graph", False)),
         enable_expert_parallel=bool(g.get("enable_expert_parallel", False)),
@@ -122,36 +103,47 @@ class RolloutWorker:
         self.llm = getattr(self.engine_obj, "llm", self.engine_obj)
         self.engine = self.llm.llm_engine
         self.version = -1 if hasattr(self.engine_obj, "sync_model_weights") else 0
-        self.jobs: Dict[int, GroupJob] = {}
-        self.started: Dict[int, float] = {}
-        self.samples: Dict[int, Dict[int, Any]] = {}  # gid -> sample index -> finished completion
+        self.jobs: Dict[str, Tuple[GroupRequest, int]] = {}  # group id -> (request, version at admission)
+        self.started: Dict[str, float] = {}
+        self.enqueued: Dict[str, float] = {}
+        self.samples: Dict[str, Dict[int, Any]] = {}  # group id -> sample index -> finished completion
         self.busy_time = 0.0
         self.decode_steps = 0
         self.generated_tokens = 0
-        self._comm: Any = None
-        self._group: Any = None
-        self._buffers: Dict[str, Any] = {}
+        self._receiver: Any = None
+        self._weights: Dict[str, Any] = {}
         self._kv_ready = not hasattr(self.engine_obj, "init_cache_engine")
 
+    # ------------------------------------------------------------------ placement
+    def node_address(self) -> Tuple[str, int]:
+        """This worker's node IP and a port free on it: an instance's TP world rendezvous at its rank 0."""
+        import ray
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
     # ------------------------------------------------------------------ generation
-    def run(self, new_jobs: List[GroupJob], steps: int) -> List[GroupOutput]:
-        """Add `new_jobs`, run up to `steps` engine steps, return the groups that finished (TP-rank lockstep)."""
+    def run(self, new_jobs: List[Tuple[GroupRequest, int]], steps: int) -> List[GroupResult]:
+        """Add `new_jobs` ((request, version at admission) pairs), run up to `steps` engine steps, return the
+        groups that finished. Every TP rank of an instance is called with the same arguments (lockstep)."""
         if self.version < 0:
             raise RuntimeError(f"instance {self.instance} has no weights yet: run a weight sync first")
         if not self._kv_ready:
             self.engine_obj.init_cache_engine()  # once; the KV cache stays resident between calls
             self._kv_ready = True
-        from vllm import SamplingParams  # noqa: F401  (fail early off-engine)
-        now = time.monotonic()
-        for job in new_jobs:
-            self.jobs[job.gid] = job
-            self.started[job.gid] = now
-            self.samples[job.gid] = {}
-            prompt = {"prompt_token_ids": list(job.prompt_token_ids)}
-            for i in range(self.n):
-                seed = None if self.base_seed is None else int(self.base_seed) + job.gid * self.n + i
-                self.engine.add_request(f"g{job.gid}_s{i}", prompt, make_sampling_params(self.sampling, seed))
-        done: List[GroupOutput] = []
+        now = time.time()
+        for req, version in new_jobs:
+            gid = req.group_id
+            self.jobs[gid] = (req, int(version))
+            self.started[gid] = now
+            self.samples[gid] = {}
+            prompt = {"prompt_token_ids": list(req.prompt_token_ids)}
+            for i in range(req.n):
+                seed = None if req.seed is None else int(req.seed) + i
+                self.engine.add_request(f"{gid}#s{i}", prompt, make_sampling_params(
+                    dict(self.sampling, max_tokens=req.max_new_tokens), seed))
+        done: List[GroupResult] = []
         t0 = time.monotonic()
         stepped = False
         for _ in range(max(1, steps)):
@@ -163,32 +155,28 @@ class RolloutWorker:
             for out in outputs:
                 if not out.finished:
                     continue
-                gid_s, _, idx = out.request_id.rpartition("_s")
-                gid = int(gid_s[1:])
+                gid, _, idx = out.request_id.rpartition("#s")
                 if gid in self.samples:
                     self.samples[gid][int(idx)] = out.outputs[0]
-                    if len(self.samples[gid]) == self.n:
+                    if len(self.samples[gid]) == self.jobs[gid][0].n:
                         done.append(self._collect(gid))
         if stepped:
             self.busy_time += time.monotonic() - t0
         return done
 
-    def _collect(self, gid: int) -> GroupOutput:
-        job = self.jobs.pop(gid)
+    def _collect(self, gid: str) -> GroupResult:
+        req, version = self.jobs.pop(gid)
         start = self.started.pop(gid)
         completions = self.samples.pop(gid)
-        responses, logprobs = [], []
-        for i in range(self.n):
+        samples = []
+        for i in range(req.n):
             c = completions[i]
             ids = list(c.token_ids)
-            responses.append(ids)
-            lp = []
-            for tok, d in zip(ids, c.logprobs or []):
-                lp.append(float(d[tok].logprob) if tok in d else float("nan"))
-            logprobs.append(lp)
+            lp = [float(d[tok].logprob) if tok in d else float("nan") for tok, d in zip(ids, c.logprobs or [])]
             self.generated_tokens += len(ids)
-        return GroupOutput(job.gid, self.instance, list(job.prompt_token_ids), responses, logprobs,
-                           job.version, start, time.monotonic())
+            samples.append(SampleResult(ids, lp, version, self.version, str(c.finish_reason or "stop")))
+        return GroupResult(gid, req.prompt_id, self.instance, samples, list(req.prompt_token_ids),
+                           start, start, time.time(), minibatch=req.minibatch)
 
     def unfinished(self) -> int:
         return len(self.jobs)
@@ -199,27 +187,37 @@ class RolloutWorker:
                 "generated_tokens": self.generated_tokens, "version": self.version, "in_flight": len(self.jobs)}
 
     # ------------------------------------------------------------------ weights
-    def init_weight_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
-        """Join the trainer's HCCL group (one per infer-TP rank) as `rank`; fails loudly when HCCL is off."""
-        from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import hccl_communicator, stateless_group
-        import torch
-        self._group = stateless_group(host, port, rank, world_size)
-        device = torch.device(f"npu:{torch.npu.current_device()}")  # type: ignore[attr-defined]
-        self._comm = hccl_communicator(self._group, device)
-        self._device = device
+    def init_weight_group(self, backend: str, host: str, port: int, rank: int, world_size: int,
+                          timeout_s: float = 600.0) -> bool:
+        """Join the trainer's weight group (one per infer-TP rank) as `rank`, once for the whole run: HCCL
+        communicators rebuilt per sync exhaust HCCL's resources."""
+        from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import WeightReceiver
+        from mindspeed_asp.runtime.platform import current_platform
+        platform = current_platform()
+        device = platform.device(int(os.environ.get("LOCAL_RANK", "0"))) if platform.is_accelerator else None
+        self._receiver = WeightReceiver(backend, host, port, rank, world_size, device=device, timeout_s=timeout_s,
+                                        label=f"instance {self.instance} tp-rank {self.tp_rank}")
         return True
 
     def receive_weights(self) -> int:
-        """Receive one broadcast round (src = the trainer's sender, rank 0 of the group) and load it."""
-        from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import recv_state
-        if self._comm is None:
-            raise WeightSyncError(f"instance {self.instance}: weight group not initialised")
-        version, params = recv_state(self._comm, self._group, self._device, src=0, keep=self._buffers)
-        self._buffers = params  # MindSpeed-RL's loader aliases param.data to these: keep them alive
+        """Receive one round from the trainer's sender (rank 0 of the group), load it, return its version."""
+        if self._receiver is None:
+            raise WeightSyncError(f"instance {self.instance} tp-rank {self.tp_rank}: weight group not initialised")
+        version, params = self._receiver.receive()
+        self._weights = params  # MindSpeed-RL's loader aliases param.data to these: keep them alive
         self.engine_obj.sync_model_weights(params, load_format="megatron")
         self.llm.reset_prefix_cache()
-        self.version = version
-        return version
+        self.version = int(version)
+        return self.version
+
+    def read_weights(self, names: Iterable[str]) -> Dict[str, Any]:
+        """Copies of the engine's parameters that keep their HF name and shape after loading (embeddings,
+        norms, lm_head): read back after a sync to prove the engine holds the trainer's values."""
+        model = getattr(self.engine_obj, "model", None)
+        if model is None:
+            raise WeightSyncError(f"instance {self.instance}: the engine exposes no model to read back")
+        params = dict(model.named_parameters())
+        return {n: params[n].detach().to("cpu").clone() for n in names if n in params}
 
 
 def rollout_actor_class(num_npus_per_worker: float = 1.0) -> Any:

@@ -24,8 +24,11 @@ log = logging.getLogger("mindspeed_asp.setup_hook")
 def patch_groups() -> dict:
     """name -> [(target, patch)] (imports stay light: the patch modules import MindSpeed-RL lazily)."""
     from mindspeed_asp.integrations.mindspeed_rl.async_trainer import TRAINER_PATCHES
-    from mindspeed_asp.integrations.mindspeed_rl.data_patches import DATA_PATCHES, DOCK_PATCHES, ROW_PATCHES
-    return {"data": DATA_PATCHES, "dock": DOCK_PATCHES, "rows": ROW_PATCHES, "trainer": TRAINER_PATCHES}
+    from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
+        DATA_PATCHES, DOCK_PATCHES, REWARD_PATCHES, ROW_PATCHES)
+    from mindspeed_asp.integrations.mindspeed_rl.loss_patch import LOSS_PATCHES
+    return {"data": DATA_PATCHES, "dock": DOCK_PATCHES, "rows": ROW_PATCHES, "trainer": TRAINER_PATCHES,
+            "loss": LOSS_PATCHES, "reward": REWARD_PATCHES}
 
 
 def selected_patches(groups: Optional[Iterable[str]] = None) -> List[Tuple[str, Any]]:
