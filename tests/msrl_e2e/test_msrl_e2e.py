@@ -1,0 +1,147 @@
+"""MindSpeed-RL's own trainer loop on a CPU, with ASP installed as a cluster installs it (tier `msrl_e2e`).
+
+Each mode is one run of `run_msrl.py` (MindSpeed-RL's launcher, `train` task, `RayGRPOTrainer`, worker classes,
+TransferDock, rule reward, advantages, `metrics_sort` and log line; only the NPU stack is stood in, see
+cpu_standins.py). What the runs print and the ASP audit file are then checked here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from mindspeed_asp.integrations.mindspeed_rl.log_reader import read_iterations
+
+HERE = Path(__file__).resolve().parent
+ITERS, GBS, N = 3, 2, 4
+MSRL_NAMES = ("timing/all", "timing/update", "timing/rollout", "timing/reference_model", "timing/adv",
+              "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr", "grpo/score/mean",
+              "response_length/mean", "prompt_length/mean", "e2e_tps", "update_tps", "vllm_tps")
+ASP_NAMES = ("lag/mean", "lag/max", "lag/token_weighted_mean", "time/weight_sync", "asp/policy_version",
+             "asp/iw_mean", "asp/iw_max", "asp/iw_frac_capped", "asp/behav_prox_absdiff_mean", "asp/clip_frac",
+             "asp/sync_readback", "bubble/skewness", "throughput/e2e_tps")
+NOT_DETERMINISTIC = ("timing/", "e2e_tps", "update_tps", "vllm_tps", "throughput/", "time/")
+
+pytestmark = [pytest.mark.msrl_e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: Any) -> Path:
+    return tmp_path_factory.mktemp("msrl_e2e")
+
+
+def run_mode(workdir: Path, mode: str, without_asp: bool = False) -> Dict[str, Any]:
+    name = mode + ("-noasp" if without_asp else "")
+    log = workdir / f"{name}.log"
+    cmd = [sys.executable, str(HERE / "run_msrl.py"), "--workdir", str(workdir), "--mode", mode,
+           "--iters", str(ITERS), "--gbs", str(GBS), "--n", str(N)] + (["--without-asp"] if without_asp else [])
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=600, env=dict(os.environ))
+    text = log.read_text(errors="replace")
+    assert proc.returncode == 0, f"{name} failed (log {log}):\n" + text[-6000:]
+    audit = workdir / name / "asp_audit.jsonl"
+    records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+    return {"iterations": read_iterations(log), "audit": records, "dir": workdir / name, "log": text}
+
+
+@pytest.fixture(scope="session")
+def stock(workdir: Path) -> Dict[str, Any]:
+    return run_mode(workdir, "stock")
+
+
+@pytest.fixture(scope="session")
+def stock_without_asp(workdir: Path) -> Dict[str, Any]:
+    return run_mode(workdir, "stock", without_asp=True)
+
+
+@pytest.fixture(scope="session", params=["async1", "asp1"])
+def streaming(request: Any, workdir: Path) -> Dict[str, Any]:
+    return dict(run_mode(workdir, request.param), mode=request.param)
+
+
+@pytest.fixture(scope="session")
+def asp0(workdir: Path) -> Dict[str, Any]:
+    return run_mode(workdir, "asp0")
+
+
+def deterministic(rec: Dict[str, Any]) -> Dict[str, float]:
+    return {k: v for k, v in rec.items() if not k.startswith(NOT_DETERMINISTIC)}
+
+
+def test_stock_runs_msrl_loop_and_logs_its_metric_names(stock: Dict[str, Any]) -> None:
+    its = stock["iterations"]
+    assert [r["iteration"] for r in its] == list(range(1, ITERS + 1))
+    for rec in its:
+        missing = [k for k in MSRL_NAMES if k not in rec]
+        assert not missing, f"iteration {rec['iteration']} lacks {missing}"
+    assert its[-1]["actor/kl_loss"] > 0.0, "the policy never moved away from the reference"
+
+
+def test_installing_asp_changes_nothing_in_stock_mode(stock: Dict[str, Any],
+                                                      stock_without_asp: Dict[str, Any]) -> None:
+    with_asp = [deterministic(r) for r in stock["iterations"]]
+    without = [deterministic(r) for r in stock_without_asp["iterations"]]
+    assert len(with_asp) == ITERS and with_asp == without
+    assert not any(k.startswith(("asp/", "lag/")) for r in with_asp for k in r)
+
+
+def test_plan_ordered_rows_in_msrl_fit(asp0: Dict[str, Any]) -> None:
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+    its = asp0["iterations"]
+    assert [r["iteration"] for r in its] == list(range(1, ITERS + 1))
+    assert all(all(k in r for k in MSRL_NAMES) for r in its)
+    windows = [r for r in asp0["audit"] if "plan_iteration" in r]
+    assert [w["plan_iteration"] for w in windows][:ITERS] == list(range(ITERS))
+    plan = DispatchPlan.load(str(asp0["dir"] / "plan.parquet"))
+    seen: List[str] = []
+    for w in windows[:ITERS]:
+        planned = [[str(p) for p in plan.instance_queue(w["plan_iteration"], j)] for j in range(len(w["queues"]))]
+        assert w["queues"] == planned
+        ids = [p for q in w["queues"] for p in q]
+        assert len(ids) == GBS
+        seen += ids
+    assert len(seen) == len(set(seen)), "a prompt was trained twice"
+
+
+def test_streaming_updates_train_each_group_once_within_the_lag_bound(streaming: Dict[str, Any]) -> None:
+    audit = streaming["audit"]
+    assert len(audit) == ITERS
+    trained: List[str] = []
+    for k, rec in enumerate(audit):
+        assert len(rec["group_ids"]) == GBS, "each update trains exactly global_batch_size groups"
+        assert len(rec["lags"]) == GBS * N
+        assert max(rec["lags"]) <= 1 and min(rec["lags"]) >= 0
+        assert rec["train_version"] == k and rec["new_version"] == k + 1, "versions advance by one per update"
+        assert rec["sync"]["asp/sync_readback"] > 0, "the instances' weights were not read back"
+        assert rec["sync"]["asp/sync_bytes"] > 0
+        trained += rec["group_ids"]
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+
+
+def test_streaming_log_line_has_msrl_and_asp_names(streaming: Dict[str, Any]) -> None:
+    its = streaming["iterations"]
+    assert [r["iteration"] for r in its] == list(range(1, ITERS + 1))
+    for rec in its:
+        missing = [k for k in MSRL_NAMES + ASP_NAMES if k not in rec]
+        assert not missing, f"{streaming['mode']} iteration {rec['iteration']} lacks {missing}"
+    assert [r["asp/policy_version"] for r in its] == [1.0, 2.0, 3.0]
+
+
+def test_importance_weights_are_one_at_lag_zero_and_not_at_lag_one(streaming: Dict[str, Any]) -> None:
+    its, audit = streaming["iterations"], streaming["audit"]
+    by_lag = {0: [], 1: []}
+    for rec, aud in zip(its, audit):
+        lags = set(aud["lags"])
+        if lags == {0}:
+            by_lag[0].append(rec)
+        elif lags == {1}:
+            by_lag[1].append(rec)
+    assert by_lag[0] and by_lag[1], f"expected updates at lag 0 and lag 1, audit lags {[a['lags'] for a in audit]}"
+    for rec in by_lag[0]:
+        assert rec["asp/iw_mean"] == 1.0 and rec["asp/iw_max"] == 1.0 and rec["asp/behav_prox_absdiff_max"] == 0.0
+    assert any(r["asp/behav_prox_absdiff_mean"] > 0.0 and r["asp/iw_max"] != 1.0 for r in by_lag[1])
