@@ -26,7 +26,7 @@ MODES = {  # name -> the asp: section (stock keeps one so the run YAML has the s
     "stock": {"mode": "stock", "instances": 1, "max_lag": 0},
     "asp0": {"mode": "asp", "instances": 1, "max_lag": 0},
     "asp1": {"mode": "asp", "instances": 2, "max_lag": 1},
-    "async1": {"mode": "async", "instances": 2, "max_lag": 1},
+    "async1": {"mode": "async", "instances": 1, "max_lag": 1},
 }
 
 

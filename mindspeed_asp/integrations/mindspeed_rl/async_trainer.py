@@ -32,6 +32,7 @@ import json
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
@@ -199,7 +200,6 @@ class AsyncFit:
     # -- setup
     def start_pool(self) -> None:
         import ray
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
         from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import (
@@ -219,16 +219,9 @@ class AsyncFit:
                                scheduling_strategy=strategy).remote(
                 j, r, n, self.sampling, lambda g=gen, p=model_path, u=mem: ascend_engine_factory(g, p, u))
 
-        # One placement group per instance keeps its TP ranks on one node; its TP world rendezvous at that
-        # node's address (instances may sit on other nodes than the train task).
         for j in range(m):
-            pg = placement_group([{"NPU": 1, "CPU": 1} for _ in range(tp)], strategy="STRICT_PACK")
-            ray.get(pg.ready())
-            probe = ray.remote(num_cpus=0)(_NodeProbe).options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=0)).remote()
-            addr, port = ray.get(probe.address.remote())
-            ray.kill(probe)
-            self.workers.append([make(j, r, addr, port, pg) for r in range(tp)])
+            place = instance_placement(tp)
+            self.workers.append([make(j, r, place.addr, place.port, place.pg) for r in range(tp)])
         backend = current_platform().dist_backend
         timeout = float(getattr(self.asp, "sync_timeout_s", 600.0))
         # One weight group per infer-TP rank: the Megatron rank holding that shard + rank r of every instance,
@@ -341,11 +334,38 @@ class AsyncFit:
 
 
 class _NodeProbe:
-    """Finds a node IP and free port where an instance's TP rank 0 will run (same NPU resource shape)."""
+    """Reports the node it runs on: IP, a free port, Ray node id."""
 
-    def address(self) -> Tuple[str, int]:
+    def address(self) -> Tuple[str, int, str]:
         import ray
-        return ray.util.get_node_ip_address(), free_port()
+        return ray.util.get_node_ip_address(), free_port(), ray.get_runtime_context().get_node_id()
+
+
+@dataclass(frozen=True)
+class InstancePlacement:
+    """Where one rollout instance runs: its placement group and the rendezvous of its TP world."""
+
+    pg: Any
+    addr: str
+    port: int
+    node_id: str
+
+
+def instance_placement(tp: int) -> InstancePlacement:
+    """A STRICT_PACK placement group for one instance's `tp` ranks, and the rendezvous of its TP world: the IP and
+    a free port of the node that holds it (not the train task's node: a 32B instance may sit on another)."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    pg = placement_group([{"NPU": 1, "CPU": 1} for _ in range(tp)], strategy="STRICT_PACK")
+    ray.get(pg.ready())
+    probe = ray.remote(num_cpus=0)(_NodeProbe).options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=0)).remote()
+    try:
+        addr, port, node_id = ray.get(probe.address.remote())
+    finally:
+        ray.kill(probe)
+    return InstancePlacement(pg, addr, int(port), node_id)
 
 
 def asp_fit(self, data_iters: Any) -> None:
