@@ -37,27 +37,32 @@ def pool(tmp_path_factory):
 
 
 def test_plan_order_lag_admission_and_logprobs(pool):
+    from mindspeed_asp.runtime.types import GroupRequest
     ray, driver, workers = pool
     prompts = {g: [2 + g, 5, 6, 7] for g in range(8)}
+    requests = [GroupRequest(str(g), f"p{g}", p, N, 12, seed=3 + g * N) for g, p in prompts.items()]
     queues = [[0, 2, 4, 6], [1, 3, 5, 7]]
-    ray.get(driver.load_window.remote(prompts, {g: 1.0 for g in prompts}, queues))
-    first = ray.get(driver.take.remote(4), timeout=300)
-    got = {g.gid: g for g in first["groups"]}
+    ray.get(driver.load_window.remote(requests, {g: 1.0 for g in prompts}, queues))
+    first = ray.get(driver.next_minibatch.remote(0), timeout=300)
+    got = {int(g.group_id): g for g in first["groups"]}
     assert set(got) == {0, 1, 2, 3}  # max_lag 0: only one minibatch admitted at version 0
     assert {g: o.instance for g, o in got.items()} == {0: 0, 2: 0, 1: 1, 3: 1}  # each instance its plan queue
-    assert all(o.version == 0 for o in got.values())
-    for o in got.values():
-        assert len(o.responses) == N and all(len(r) == 12 for r in o.responses)
-        assert all(len(lp) == 12 and all(x <= 0.0 for x in lp) for lp in o.logprobs)  # behaviour log-probs kept
-        assert o.prompt_token_ids == prompts[o.gid]
+    assert all(o.min_version == 0 for o in got.values()) and first["lags"] == [0] * (4 * N)
+    for g, o in got.items():
+        assert len(o.samples) == N and all(len(s.token_ids) == 12 for s in o.samples)
+        assert all(len(s.logprobs) == 12 and all(x <= 0.0 for x in s.logprobs) for s in o.samples)  # kept
+        assert o.prompt_token_ids == prompts[g] and o.prompt_id == f"p{g}"
+        assert o.t_started <= o.t_finished
     assert ray.get(driver.stats.remote())["queued"] == 4  # the rest waits for the next version
     assert ray.get(driver.pause.remote()) is True
     ray.get(driver.set_version.remote(1))
     ray.get(driver.resume.remote())
-    second = ray.get(driver.take.remote(4), timeout=300)
-    got2 = {g.gid: g for g in second["groups"]}
-    assert set(got2) == {4, 5, 6, 7} and all(o.version == 1 for o in got2.values())
+    second = ray.get(driver.next_minibatch.remote(1), timeout=300)
+    got2 = {int(g.group_id): g for g in second["groups"]}
+    assert set(got2) == {4, 5, 6, 7} and all(o.min_version == 1 for o in got2.values())
     assert {g: o.instance for g, o in got2.items()} == {4: 0, 6: 0, 5: 1, 7: 1}
     stats = ray.get([w.stats.remote() for w in workers])
     assert [s["generated_tokens"] for s in stats] == [4 * N * 12, 4 * N * 12]
     assert all(s["busy_s"] > 0 and s["decode_steps"] >= 12 for s in stats)
+    counters = ray.get(driver.stats.remote())["counters"]
+    assert counters["queue/trained"] == 8 and counters["queue/duplicates"] == 0

