@@ -38,3 +38,23 @@ def test_iteration_metrics_names_and_values():
     assert m["throughput/e2e_tps"] == pytest.approx(tokens / (4 * 20.0))
     assert m["time/rollout"] == pytest.approx(10.0) and m["time/weight_sync"] == 1.0
     assert m["lag/token_weighted_mean"] == pytest.approx(0.5)  # both groups carry 8 tokens
+
+
+def test_dedicated_rollout_engines_size_memory_for_themselves(monkeypatch):
+    """A rollout device holds only its engine: its vLLM memory share is asp.rollout_memory_utilization, not the
+    colocated engines' generate_config.gpu_memory_utilization (0.4 leaves room for Megatron)."""
+    import sys
+    import types
+    from mindspeed_asp.integrations.mindspeed_rl import rollout_worker
+    seen = {}
+
+    class Engine:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setitem(sys.modules, "mindspeed_rl.models.rollout.vllm_engine",
+                        types.SimpleNamespace(VLLMInferEngine=Engine))
+    monkeypatch.setattr(rollout_worker, "bind_npu", lambda: 0)
+    rollout_worker.ascend_engine_factory({"gpu_memory_utilization": 0.4, "infer_tensor_parallel_size": 2}, "/m", 0.9)
+    assert seen["gpu_memory_utilization"] == 0.9 and seen["infer_tensor_parallel_size"] == 2
+    assert seen["train_tensor_parallel_size"] is None and seen["load_format"] == "megatron"

@@ -81,8 +81,8 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Optional[Any]:
         if fullname in REAL_MODULES or fullname.split(".")[0] not in STUB_PACKAGES:
             return None
-        if fullname == "mindspeed" and _real_mindspeed_available():
-            return None
+        if fullname == "mindspeed" and importlib.machinery.PathFinder.find_spec(fullname) is not None:
+            return None  # a real MindSpeed on the path: its package and patch manager, stand-ins for the rest
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec: Any) -> types.ModuleType:
@@ -94,11 +94,6 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         builder = _BUILDERS.get(module.__name__)
         if builder is not None:
             builder(module)
-
-
-def _real_mindspeed_available() -> bool:
-    src = os.environ.get("MINDSPEED_SRC")
-    return bool(src) and os.path.isfile(os.path.join(src, "mindspeed", "patch_utils.py"))
 
 
 def _define(module: types.ModuleType, **names: Any) -> None:

@@ -99,8 +99,6 @@ def main() -> int:
         "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
     })
-    if os.environ.get("MINDSPEED_SRC"):
-        runtime_env["env_vars"]["MINDSPEED_SRC"] = os.environ["MINDSPEED_SRC"]
     # A cluster's `ray start --resources` declares the NPUs; here a local Ray with logical NPUs, and logical
     # CPUs oversubscribed on purpose (TransferDock alone asks for 10 on a 2-core machine). MindSpeed-RL's
     # main() sees Ray initialised and skips its own ray.init.
