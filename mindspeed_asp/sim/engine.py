@@ -189,7 +189,9 @@ class _Inst:
     ptr: int = 0
     front: List[int] = field(default_factory=list)  # preempted sequences, re-admitted first (stack: last=first)
     running: List[tuple] = field(default_factory=list)  # heap (finish_step, sid, epoch)
-    admitted: List[int] = field(default_factory=list)  # running sids in admission order (lazy)
+    # (sid, epoch) per admission, in admission order (lazy; only with a KV budget): an entry is live while
+    # seq_epoch[sid] == epoch. A bare sid is not enough: a regenerated sequence runs again, maybe elsewhere
+    admitted: List[tuple] = field(default_factory=list)
     n: int = 0
     kv: float = 0.0  # resident KV at the current step boundary
     reserved: float = 0.0  # reserve policy: sum of final KV of running sequences
@@ -489,15 +491,19 @@ class Cluster:
     def _preempt(self, j: int) -> None:
         """Preempt the most recently admitted sequences until the next step fits (recompute later)."""
         ins = self.insts[j]
-        while ins.kv + ins.n > self.K and ins.admitted:
-            sid = ins.admitted.pop()
-            if self.seq_epoch[sid] % 2 == 0:  # not running (finished or already preempted)
+        admitted, epoch = ins.admitted, self.seq_epoch
+        while ins.kv + ins.n > self.K and admitted:
+            sid, ep = admitted[-1]
+            if epoch[sid] != ep:
+                # that admission ended: finished, preempted, or its group was regenerated and the sequence
+                # admitted again (possibly on another instance, whose state it belongs to now)
+                admitted.pop()
                 continue
             if ins.n <= 1:
-                ins.admitted.append(sid)
                 break
+            admitted.pop()
             prog = self.seq_progress[sid] + (ins.step - self.seq_admit_step[sid])
-            self.seq_epoch[sid] += 1  # invalidates its heap entry
+            epoch[sid] = ep + 1  # invalidates its heap and admission entries
             self.seq_progress[sid] = prog
             ins.n -= 1
             ins.kv -= self._pl[sid] + prog
@@ -606,7 +612,7 @@ class Cluster:
             if reserve:
                 ins.reserved += pl[sid] + ll[sid]
             if bounded:
-                ins.admitted.append(sid)
+                ins.admitted.append((sid, ep))
             push(running, (step + ll[sid] - prog, sid, ep))
         ins.n, ins.kv, ins.prefill, ins.ptr = n, kv, prefill, ptr
         if kv > self.kv_peak[j]:
