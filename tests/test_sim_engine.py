@@ -1,4 +1,4 @@
-"""Invariants of the event-driven instance simulator (scheduling_theory.md 8.4 "Checks")."""
+"""Invariants of the event-driven instance simulator (docs/design.md section 11 "Checks")."""
 import math
 
 import numpy as np

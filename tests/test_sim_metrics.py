@@ -1,4 +1,4 @@
-"""Metric formulas and lower bounds (DESIGN.md section 5) on hand-checked cases; the cost-model fit."""
+"""Metric formulas and lower bounds (docs/design.md section 5) on hand-checked cases; the cost-model fit."""
 import json
 
 import numpy as np

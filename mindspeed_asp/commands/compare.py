@@ -1,6 +1,6 @@
 """`asp compare RUN...`: side-by-side table of runs with ratios against the first one.
 
-A run is anything a loader can turn into a summary dict with DESIGN.md section 5 names: a run directory
+A run is anything a loader can turn into a summary dict with docs/design.md section 5 names: a run directory
 written by `asp train` (its summary.json), or a MindSpeed-RL training log file (through the integration's
 log reader, when installed). Loaders are pluggable: `register_loader(predicate, loader)`.
 """
@@ -20,7 +20,7 @@ _LOADERS: List[Tuple[Callable[[Path], bool], Loader]] = []
 #: (column title, summary keys tried in order, ratio sense): +1 higher is better, -1 lower is better, 0 none.
 Column = Tuple[str, Tuple[str, ...], int]
 
-#: ASP run directories: DESIGN.md section 5 names (MindSpeed-RL's names as fall-backs).
+#: ASP run directories: docs/design.md section 5 names (MindSpeed-RL's names as fall-backs).
 COLUMNS: List[Column] = [
     ("e2e_tps", ("throughput/e2e_tps", "e2e_tps"), +1),
     ("rollout tok/s", ("throughput/rollout_tps", "vllm_tps"), +1),
@@ -34,7 +34,7 @@ COLUMNS: List[Column] = [
 ]
 
 #: Used as soon as one run is a MindSpeed-RL log, so stock MindSpeed-RL and ASP line up under MindSpeed-RL's
-#: own metric names; an ASP run directory answers with its DESIGN.md names.
+#: own metric names; an ASP run directory answers with its docs/design.md names.
 MSRL_COLUMNS: List[Column] = [
     ("e2e_tps", ("e2e_tps", "throughput/e2e_tps"), +1),
     ("vllm_tps", ("vllm_tps", "throughput/rollout_tps"), +1),

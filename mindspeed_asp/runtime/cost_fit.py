@@ -1,7 +1,7 @@
 """Measure vLLM step times on this machine and fit the scheduler's cost model (`asp fit-cost`).
 
 Why: the offline pass and the simulator price a decode step as `a + b*active + c*KV (+ p*prefill)`
-(DESIGN.md section 4); the parameters must come from the engine users actually run, never from
+(docs/design.md section 4); the parameters must come from the engine users actually run, never from
 guesses in code. This module drives a real in-process vLLM engine through a sweep of (batch, context),
 records the wall time of every engine step with its active sequences, KV tokens and prefill tokens, and
 fits the four parameters by least squares. The fit is pure numpy (`fit_step_costs`) so it is testable

@@ -4,7 +4,7 @@ The dispatcher is a pure state machine (no Ray, no vLLM) so every rule is unit-t
 events (a window of groups, a finished group, a dead instance, a stale group to regenerate) and asks it to
 `fill` free instance capacity within an admission budget computed from the max-lag counter.
 
-Three policies, one per runtime mode (DESIGN.md section 6):
+Three policies, one per runtime mode (docs/design.md section 6):
 
 - `stock`: MindSpeed-RL's default. Each iteration's groups are cut into contiguous, dataset-ordered chunks,
   one per instance, and every chunk is submitted at once; no stealing.

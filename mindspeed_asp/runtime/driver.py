@@ -1,4 +1,4 @@
-"""The run loop of the asynchronous runtime, one code path for the three modes (DESIGN.md section 6).
+"""The run loop of the asynchronous runtime, one code path for the three modes (docs/design.md section 6).
 
 - `stock`: MindSpeed-RL's default schedule. Iteration k takes the next M groups in dataset order, cuts them
   into contiguous chunks (one per instance), waits for the slowest instance, trains, syncs weights.

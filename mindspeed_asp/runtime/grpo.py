@@ -312,7 +312,7 @@ def grpo_token_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages
 
 
 def padding_bubble(lengths: Sequence[int]) -> Tuple[int, int]:
-    """(padded tokens, real tokens) of one right-padded micro-batch: DESIGN.md section 5's training bubble."""
+    """(padded tokens, real tokens) of one right-padded micro-batch: docs/design.md section 5's training bubble."""
     if not lengths:
         return 0, 0
     real = int(sum(lengths))

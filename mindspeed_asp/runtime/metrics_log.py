@@ -1,6 +1,6 @@
 """Run metrics: one JSON line per training step, a trace for plots, and a summary JSON.
 
-Names follow DESIGN.md section 5 (`bubble/*`, `lag/*`, `throughput/e2e_tps`, `time/*`) so stock, async and
+Names follow docs/design.md section 5 (`bubble/*`, `lag/*`, `throughput/e2e_tps`, `time/*`) so stock, async and
 ASP runs (and MindSpeed-RL logs, through the log reader) compare line by line. The recorder only collects
 timestamps the driver already has; every number in the summary is computed here from those raw events, so
 the definitions live in one place.
@@ -40,7 +40,7 @@ class GroupSpan:
 
 @dataclass
 class RunRecorder:
-    """Collects raw events during a run and turns them into DESIGN.md section 5 metrics."""
+    """Collects raw events during a run and turns them into docs/design.md section 5 metrics."""
 
     out_dir: Path
     mode: str
@@ -100,7 +100,7 @@ class RunRecorder:
 
     # ---------------------------------------------------------------- metrics
     def summary(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """All DESIGN.md section 5 metrics over the run (plus `extra`), as a flat dict."""
+        """All docs/design.md section 5 metrics over the run (plus `extra`), as a flat dict."""
         s: Dict[str, Any] = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
                              "steps": len(self.steps)}
         s.update(lag_stats(self.lags, self.max_lag))
@@ -254,7 +254,7 @@ def generation_padding(groups: Sequence[GroupSpan], slots: int,
                        decode_steps: Dict[int, int]) -> Tuple[float, str]:
     """Idle slot share `1 - sum(L) / (B * sum_j S_j)`.
 
-    With engine step counts S_j this is the DESIGN.md definition ("steps"); without them the slot-time
+    With engine step counts S_j this is the docs/design.md definition ("steps"); without them the slot-time
     form is used ("time"): each sequence occupies a slot from its group's start to its own end, estimated
     from the group's span scaled by its length share, over B slots times the instance's busy time.
     """

@@ -1,6 +1,6 @@
 """The sample queue between rollout instances and the trainer, and the max-lag counter that bounds staleness.
 
-Two checks keep every trained sample within `max_lag` policy versions (DESIGN.md section 6):
+Two checks keep every trained sample within `max_lag` policy versions (docs/design.md section 6):
 
 1. **Admission on dispatch** (AReaL's staleness manager): with trainer version v and minibatch M groups, at
    most (v + max_lag + 1) * M groups may have been dispatched (counting groups trained, queued or in flight;
@@ -259,7 +259,7 @@ class SampleQueue:
                     "queue/occupancy": len(self._pending)}
 
     def lag_stats(self) -> Dict[str, float]:
-        """`lag/{mean,p99,max,frac_over_bound}` over every sample trained so far (DESIGN.md section 5)."""
+        """`lag/{mean,p99,max,frac_over_bound}` over every sample trained so far (docs/design.md section 5)."""
         with self._lock:
             return lag_summary(self.all_lags, self.controller.max_lag)
 

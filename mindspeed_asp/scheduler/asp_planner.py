@@ -1,4 +1,4 @@
-"""The ASP offline planner, "BLT" (Balance - Laxity - Token curve), scheduling_theory.md 8.1.
+"""The ASP offline planner, "BLT" (Balance - Laxity - Token curve), docs/design.md section 11.5.
 
 Pipeline for one window: fluid group moments -> tail placement (LPT of the groups whose solo time exceeds
 theta * R_LB, one per instance while possible) -> Karmarkar-Karp of the rest seeded with the tail loads ->

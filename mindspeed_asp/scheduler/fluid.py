@@ -1,7 +1,7 @@
 """Fluid (expected-value) work model of prompt groups and instances, shared by all planners.
 
 Why a fluid model: under continuous batching an instance's time is `a*S_j + b*sum L + c*sum KV + p*sum P`
-(scheduling_theory.md 3.4), and only the step count S_j depends on the order. Planners therefore balance the
+(docs/design.md section 11.2), and only the step count S_j depends on the order. Planners therefore balance the
 order-independent work and approximate S_j by `max(sum L / B, max group length)`. Everything here is
 vectorised numpy over groups so a 10^5-group window costs milliseconds.
 """
@@ -75,7 +75,7 @@ def instance_times(inst: np.ndarray, gm: GroupMoments, m: int, cost: CostModel, 
 
 
 def rollout_lower_bound(gm: GroupMoments, m: int, cost: CostModel) -> float:
-    """R_LB of DESIGN.md section 5 under the predictions: max(work/m, longest solo, w_(m) + w_(m+1))."""
+    """R_LB of docs/design.md section 5 under the predictions: max(work/m, longest solo, w_(m) + w_(m+1))."""
     if len(gm.work) == 0:
         return 0.0
     total = float(gm.work.sum()) / m

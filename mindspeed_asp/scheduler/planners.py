@@ -64,7 +64,7 @@ ORACLE_OF = ("asp", "lpt", "verl_kk")
 
 PLANNERS: Dict[str, Planner] = {name: _named(fn, name) for name, fn in _BASE.items()}
 PLANNERS["dataset_order"] = _named(baselines.plan_stock, "dataset_order")  # alias of stock
-# FIFO in scheduling_theory.md 8.5: dataset order dealt round-robin to instances.
+# FIFO in docs/design.md section 11.4: dataset order dealt round-robin to instances.
 PLANNERS["fifo"] = _named(baselines.plan_round_robin, "fifo")
 for _name in ORACLE_OF:
     PLANNERS[f"oracle_{_name}"] = _oracle(_BASE[_name], f"oracle_{_name}")

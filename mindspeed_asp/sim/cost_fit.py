@@ -1,6 +1,6 @@
 """Least-squares fit of the decode step cost `a + b*active + c*kv + p*prefill` from measured step timings.
 
-Why a fit: DESIGN.md section 4 forbids guessing cost parameters in code; `asp fit-cost` measures a short
+Why a fit: docs/design.md section 4 forbids guessing cost parameters in code; `asp fit-cost` measures a short
 sweep of engine steps (active sequences, resident KV tokens, prefill tokens, seconds) and this module turns
 it into a CostModel. Non-negative least squares keeps every coefficient physical (a negative KV cost would
 reward long contexts). Timings are read from CSV or JSON Lines with the offending file and line named.

@@ -1,4 +1,4 @@
-"""Bubble metrics and lower bounds, exactly as DESIGN.md section 5 and scheduling_theory.md 8.2-8.3 define them.
+"""Bubble metrics and lower bounds, exactly as docs/design.md section 5 and docs/design.md section 5 define them.
 
 Why one module: the simulator, the runtime's metric logger and the benchmarks must report the same numbers
 under the same names, and a bound that is wrong by a little makes every "% above bound" meaningless, so the
@@ -50,7 +50,7 @@ def _solo_times(lengths: np.ndarray, prompt_lens: np.ndarray, cost, scale: float
 
 def group_work(lengths: np.ndarray, prompt_lens: np.ndarray, cost: CostModel, slots: int,
                scale: float = 1.0) -> np.ndarray:
-    """Cross-instance work w_g of each group (scheduling_theory.md 3.4): a lower bound on the time it adds."""
+    """Cross-instance work w_g of each group (docs/design.md section 11.2): a lower bound on the time it adds."""
     L = np.asarray(lengths, dtype=np.float64)
     P = np.broadcast_to(np.asarray(prompt_lens, dtype=np.float64)[:, None], L.shape)
     return scale * cost.sequence_work(L, P, slots).sum(axis=1)
@@ -98,7 +98,7 @@ def instance_step_bounds(orders: Sequence[np.ndarray], lengths: np.ndarray, prom
 def lower_bounds(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, spec: InstanceSpec, cost,
                  trainer=None, sync_time: float = 0.0, orders: Optional[Sequence[np.ndarray]] = None,
                  scale: float = 1.0, syncs: Optional[int] = None) -> Dict[str, float]:
-    """Every lower bound of DESIGN.md section 5 that the inputs allow.
+    """Every lower bound of docs/design.md section 5 that the inputs allow.
 
     Keys: rollout/{R_LB, work_bound, solo_bound, pair_bound}; steps/LB (sum over instances, needs `orders`);
     train/total (sum of tau_k); e2e/stream_LB = max(R_LB + tau_min + sync, A1_LB + sum tau + K*sync) and
@@ -213,7 +213,7 @@ def sorting_metrics(arrivals: np.ndarray, mb_ready: np.ndarray, mb_start: np.nda
     """bubble/sorting and its diagnostics from the group arrivals and the trainer's busy intervals.
 
     bubble/sorting = time the trainer is idle while rollout is still active and the queue holds fewer than M
-    finished groups, over the run time (DESIGN.md 5). Also: bubble/startup (wait for the first minibatch /
+    finished groups, over the run time (docs/design.md 5). Also: bubble/startup (wait for the first minibatch /
     run time), bubble/queue_cv (time-weighted CV of queue occupancy), bubble/arrival_gap_cv (CV of the gaps
     between minibatch ready times), bubble/queue_starved (share of rollout time the queue holds < M groups).
     """

@@ -1,12 +1,12 @@
 """The simulated RL pipeline: instances, a streaming trainer, the max-lag bound and weight sync.
 
-Why: planners are judged end to end (DESIGN.md section 5). A plan that minimises the rollout makespan can
+Why: planners are judged end to end (docs/design.md section 5). A plan that minimises the rollout makespan can
 still starve a streaming trainer, so the simulator couples the instance model (engine.py) with the trainer in
 one event loop and reports every metric and bound under the project's names.
 
 Modes:
 - "stream": ASP's asynchronous pipeline. Instances follow their plan queues. Admission control (AReaL's
-  capacity rule, DESIGN.md section 6): a group is dispatched (its first sample admitted) only while
+  capacity rule, docs/design.md section 6): a group is dispatched (its first sample admitted) only while
   `dispatched - taken < (version + max_lag + 1 - updates_started) * M`, so it can still be trained by update
   `version + max_lag`. The trainer takes finished groups earliest-deadline first (dispatch version, then the
   plan's minibatch tag, then arrival), M per update (`alpha*tokens + overhead` seconds), then syncs weights
@@ -49,7 +49,7 @@ STALE_POLICIES = ("wait", "drop", "regenerate")
 class SimResult:
     """Everything one simulated run measured.
 
-    `metrics` uses DESIGN.md section 5 names; `bounds` the lower bounds; `above` "% above bound" for
+    `metrics` uses docs/design.md section 5 names; `bounds` the lower bounds; `above` "% above bound" for
     time/rollout (vs rollout/R_LB), time/iteration (vs the e2e bound of the mode) and steps (vs steps/LB).
     Per-minibatch arrays: `mb_ready` (all its groups finished), `mb_start`, `mb_finish` (update done),
     `mb_sync_end`, `mb_groups`, `mb_tokens`. `queue_t`/`queue_q` is the ready-queue occupancy step function.

@@ -1,4 +1,4 @@
-"""Loaders for the two real length traces in shared/data (see its README.md).
+"""Loaders for two real response-length traces (alpaca-train-10k lengths and the Splitwise conversation trace).
 
 - Alpaca/Vicuna (`alpaca-train-10k-length.json`): 4 responses per prompt at temperatures 0, 0.3, 0.5, 0.7.
   They stand in for earlier epochs of the same prompt: the held-out column is the truth of the "next
