@@ -200,6 +200,12 @@ OFFPOLICY_PREFIX = "offpolicy/"
 TOKEN_LAG_KEY = "lag/token_weighted_mean"
 
 
+def token_weighted_lag(lags: Sequence[int], response_lengths: Sequence[int]) -> float:
+    """Mean lag weighted by response tokens: long responses carry more tokens and, generating longer, more lag."""
+    tokens = sum(response_lengths)
+    return float(sum(lag * n for lag, n in zip(lags, response_lengths)) / tokens) if tokens else 0.0
+
+
 def offpolicy_fields(train_stats: Dict[str, Any]) -> Dict[str, float]:
     """The `offpolicy/*` and `lag/token_weighted_mean` entries of a trainer's step stats, as floats."""
     return {k: float(v) for k, v in train_stats.items()

@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from mindspeed_asp.runtime import grpo
+from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, token_weighted_lag
 
 CHECKPOINT_FORMAT = "mindspeed_asp.grpo_trainer/1"
 OBJECTIVES = ("standard", "decoupled")
@@ -216,7 +217,7 @@ class GRPOTrainer:
             "version": self.version,
             "time": time.perf_counter() - t0,
             **{f"offpolicy/{k}": v for k, v in off.items()},
-            "lag/token_weighted_mean": sum(s.lag * s.response_len for s in seqs) / n_resp,
+            TOKEN_LAG_KEY: token_weighted_lag([s.lag for s in seqs], [s.response_len for s in seqs]),
         }
 
     def _flatten(self, groups: Sequence[Any], rewards: Sequence[Sequence[float]]) -> Tuple[List[_Seq], List[float]]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -99,18 +98,16 @@ def rollout_span(groups: Sequence[GroupResult]) -> float:
 def iteration_metrics(groups: Sequence[GroupResult], lags: Sequence[int], max_lag: int, instances: int,
                       t_iter: float, wait_s: float, sync_s: float, total_npus: int) -> Dict[str, float]:
     """ASP's metrics of one iteration from the trained groups (lag statistics as the runtime computes them)."""
-    from mindspeed_asp.runtime.metrics_log import GroupSpan, lag_stats, skewness
+    from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, GroupSpan, lag_stats, skewness, token_weighted_lag
     spans = [GroupSpan(g.instance, int(g.group_id), g.t_enqueued, g.t_started, g.t_finished,
                        len(g.prompt_token_ids) * len(g.samples), g.response_tokens,
                        [len(s.token_ids) for s in g.samples], g.min_version, 0) for g in groups]
     sk = skewness(spans, instances)
     ls = lag_stats(list(lags), max_lag)
     tokens = sum(s.prompt_tokens + s.response_tokens for s in spans)
-    resp = [len(s.token_ids) for g in groups for s in g.samples]
-    token_lag = sum(lag * n for lag, n in zip(lags, resp)) / sum(resp) if resp and sum(resp) else 0.0
     return {
         "lag/mean": ls["lag/mean"], "lag/p99": ls["lag/p99"], "lag/max": float(ls["lag/max"]),
-        "lag/frac_over_bound": ls["lag/frac_over_bound"], "lag/token_weighted_mean": float(token_lag),
+        "lag/frac_over_bound": ls["lag/frac_over_bound"], TOKEN_LAG_KEY: token_weighted_lag(lags, [len(s.token_ids) for g in groups for s in g.samples]),
         "bubble/skewness": sk["skew"], "bubble/after90": sk["after90"],
         "bubble/sorting": wait_s / t_iter if t_iter > 0 else 0.0,
         "time/iteration": t_iter, "time/rollout": rollout_span(groups), "time/weight_sync": sync_s,
@@ -133,17 +130,17 @@ def async_timing_metrics(data_strategy: Any, groups: Sequence[GroupResult]) -> N
 READBACK_NAMES = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def node_address() -> Tuple[str, int]:
+    """This process's node IP and a port free there (bound on every interface: peers on other nodes connect)."""
+    import ray
+    from mindspeed_asp.runtime.weight_sync import free_port
+    return ray.util.get_node_ip_address(), free_port("")
 
 
 # ------------------------------------------------------------------------ Megatron-side (run by __ray_call__)
 def asp_sender_address(worker: Any) -> Tuple[str, int]:
     """The actor's node IP and a port free there: rank 0 of a weight group hosts the group's store."""
-    import ray
-    return ray.util.get_node_ip_address(), free_port()
+    return node_address()
 
 
 def asp_init_weight_sender(worker: Any, backend: str, host: str, port: int, world_size: int,
@@ -338,7 +335,7 @@ class _NodeProbe:
 
     def address(self) -> Tuple[str, int, str]:
         import ray
-        return ray.util.get_node_ip_address(), free_port(), ray.get_runtime_context().get_node_id()
+        return (*node_address(), ray.get_runtime_context().get_node_id())
 
 
 @dataclass(frozen=True)

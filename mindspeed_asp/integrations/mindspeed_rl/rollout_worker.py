@@ -13,7 +13,6 @@ re-tokenises), and vLLM's per-token log-probs are kept (MindSpeed-RL drops them)
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -113,15 +112,6 @@ class RolloutWorker:
         self._receiver: Any = None
         self._weights: Dict[str, Any] = {}
         self._kv_ready = not hasattr(self.engine_obj, "init_cache_engine")
-
-    # ------------------------------------------------------------------ placement
-    def node_address(self) -> Tuple[str, int]:
-        """This worker's node IP and a port free on it: an instance's TP world rendezvous at its rank 0."""
-        import ray
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
 
     # ------------------------------------------------------------------ generation
     def run(self, new_jobs: List[Tuple[GroupRequest, int]], steps: int) -> List[GroupResult]:
