@@ -1,18 +1,21 @@
-"""`asp train --config FILE [--mode stock|async|asp] [key.path=value ...] [--out DIR]`: one full run.
+"""`asp train --config FILE [--mode stock|async|asp] [--ray-address ADDR] [key.path=value ...] [--out DIR]`.
 
-The config is validated (unknown key, wrong type, impossible value, a plan for another dataset) before Ray
-starts; the run shows a progress bar (step, reward, lag, queue, tokens/s), writes metrics.jsonl, summary.json,
-trace.json and plots under the output directory, and starts and stops its own local Ray.
+One full run. The config is validated (unknown key, wrong type, impossible value, a plan for another dataset)
+before Ray starts; the run shows a progress bar (step, reward, lag, queue, tokens/s), writes metrics.jsonl,
+summary.json, trace.json and plots under the output directory. It starts and stops its own local Ray, or with
+`--ray-address` (`run.ray_address`) runs its rollout instances on an existing, possibly multi-node, Ray
+cluster and only disconnects from it at the end.
 """
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
 def build_config(config: Optional[str], overrides: List[str], mode: Optional[str] = None,
-                 out: Optional[str] = None):
+                 out: Optional[str] = None, ray_address: Optional[str] = None):
     """Load and validate the run config (packaged tiny_cpu.yaml when `config` is None)."""
     from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
 
@@ -21,6 +24,8 @@ def build_config(config: Optional[str], overrides: List[str], mode: Optional[str
         extra.append(f"asp.mode={mode}")
     if out:
         extra.append(f"run.out={out}")
+    if ray_address:
+        extra.append(f"run.ray_address={json.dumps(ray_address)}")  # quoted: "host:port" stays a string
     path = config or str(packaged_config_path())
     cfg = load_run_config(path, extra, devices=_device_count())
     _check_plan(cfg, path)
@@ -58,7 +63,7 @@ def _check_plan(cfg, path: str) -> None:
 def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.runtime.driver import run_training
 
-    cfg = build_config(args.config, args.overrides, args.mode, args.out)
+    cfg = build_config(args.config, args.overrides, args.mode, args.out, args.ray_address)
     out = Path(cfg.run.out)
     summary = run_training(cfg, out, progress=not args.quiet)
     print(format_summary(summary, out))
@@ -82,6 +87,8 @@ def register(subparsers) -> None:
     p.add_argument("--config", help="run config YAML (default: the packaged tiny_cpu.yaml)")
     p.add_argument("--mode", choices=["stock", "async", "asp"], help="overrides asp.mode")
     p.add_argument("--out", help="output directory (overrides run.out)")
+    p.add_argument("--ray-address", help="run on this existing Ray cluster ('auto', 'host:port'; overrides "
+                   "run.ray_address); default: start a local Ray and stop it afterwards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     p.set_defaults(func=handler)

@@ -1,4 +1,4 @@
-"""Start and stop a local Ray for the runtime, sized for small hosts.
+"""The Ray of a run: a local Ray sized for small hosts (the default), or an existing cluster (`run.ray_address`).
 
 Why: Ray 2.60 has no local mode, so tests, the demo and `asp train` start a real local Ray. On a 2-core
 host the logical CPU count is oversubscribed (actors need a CPU to be scheduled, and collectives need
@@ -30,13 +30,21 @@ VLLM_CPU_ENV: Dict[str, str] = {
 }
 
 
-def actor_env(platform: Optional[Platform] = None, threads: int = 1) -> Dict[str, str]:
-    """Environment variables for runtime actors on `platform` (one compute thread by default)."""
+#: Keys of VLLM_CPU_ENV that pin collectives to the loopback interface: right for a local Ray, wrong on a
+#: cluster of several hosts, where peers must reach each other over the nodes' own interfaces.
+LOOPBACK_KEYS = ("GLOO_SOCKET_IFNAME", "MASTER_ADDR")
+
+
+def actor_env(platform: Optional[Platform] = None, threads: int = 1, loopback: bool = True) -> Dict[str, str]:
+    """Environment variables for runtime actors on `platform` (one compute thread by default).
+
+    `loopback=False` (a run on an existing, possibly multi-host cluster) leaves out LOOPBACK_KEYS.
+    """
     platform = platform or current_platform()
     env = {k: str(threads) if k.endswith("_THREADS") else v for k, v in ONE_THREAD_ENV.items()}
     env["ASP_PLATFORM"] = platform.kind
     if platform.kind == "cpu":
-        env.update(VLLM_CPU_ENV)
+        env.update({k: v for k, v in VLLM_CPU_ENV.items() if loopback or k not in LOOPBACK_KEYS})
     else:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env["VLLM_NO_USAGE_STATS"] = "1"
@@ -59,6 +67,9 @@ def start_local_ray(num_cpus: int = 8, object_store_mb: int = 512, platform: Opt
     env_vars = dict(actor_env(platform))
     env_vars.update(env or {})
     kwargs: Dict[str, Any] = dict(
+        # "local" starts a new Ray even when another one runs on this host: without it ray.init() attaches
+        # to the cluster named in /tmp/ray/ray_current_cluster (someone else's run, or a test's cluster).
+        address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
         object_store_memory=object_store_mb << 20,
@@ -77,3 +88,62 @@ def stop_local_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def connect_ray(address: str, platform: Optional[Platform] = None, env: Optional[Dict[str, str]] = None) -> str:
+    """Attach this process to an existing Ray cluster at `address` (`run.ray_address`); returns its GCS address.
+
+    The job's actors get the runtime environment without the loopback pins (the cluster may span hosts).
+    The cluster is not ours: `ray.shutdown()` afterwards only drops this connection.
+    """
+    import ray
+
+    env_vars = dict(actor_env(platform, loopback=False))
+    env_vars.update(env or {})
+    ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=True)
+    return str(ray.get_runtime_context().gcs_address)
+
+
+class RaySession:
+    """The Ray a run uses, and what the run owns of it.
+
+    `address` None starts a local Ray (`start_local_ray`) that `close()` shuts down again; an address attaches
+    to that cluster (`connect_ray`) and `close()` only disconnects, the cluster and other jobs on it go on. A
+    Ray this process already had (a test's, a caller's) is used as it is and left running.
+    """
+
+    def __init__(self, address: Optional[str] = None, num_cpus: int = 8, object_store_mb: int = 512,
+                 platform: Optional[Platform] = None, env: Optional[Dict[str, str]] = None) -> None:
+        self.address = address
+        self.num_cpus = num_cpus
+        self.object_store_mb = object_store_mb
+        self.platform = platform
+        self.env = dict(env or {})
+        self.owned: Optional[str] = None  # "local" or "connection" while this session holds a Ray to release
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether actors may run on other hosts (an existing cluster): no loopback-only settings then."""
+        return self.address is not None
+
+    def open(self) -> None:
+        """Start or attach; a no-op when this process already has a Ray (then `owned` stays None)."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        if self.address is not None:
+            connect_ray(self.address, platform=self.platform, env=self.env)
+            self.owned = "connection"
+        else:
+            start_local_ray(num_cpus=self.num_cpus, object_store_mb=self.object_store_mb, platform=self.platform,
+                            env=self.env)
+            self.owned = "local"
+
+    def close(self) -> None:
+        """Release what `open` took: stop the local Ray, or drop the connection to the existing cluster."""
+        import ray
+
+        if self.owned is not None and ray.is_initialized():
+            ray.shutdown()  # for a connection this disconnects; a cluster we did not start keeps running
+        self.owned = None

@@ -63,11 +63,14 @@ class TrainerSection(Strict):
 
 
 class RunSection(Strict):
-    """How long to run, where to write, and the local Ray/engine settings."""
+    """How long to run, where to write, and the Ray/engine settings."""
 
     steps: int = Field(4, ge=1, description="optimizer updates (each consumes asp.minibatch_groups groups)")
     seed: int = 0
     out: str = "runs/train"
+    ray_address: Optional[str] = Field(
+        None, min_length=1, description="an existing Ray cluster to run on ('auto', 'host:port'); None = start a "
+        "local Ray and stop it after the run. The run only disconnects from a cluster it did not start")
     ray_num_cpus: int = Field(8, ge=1, description="logical CPUs of the local Ray (oversubscribed on purpose)")
     ray_object_store_mb: int = Field(512, ge=64)
     instance_threads: int = Field(1, ge=1, description="OpenMP threads per vLLM instance on CPU")
@@ -101,12 +104,15 @@ def cpu_slots() -> int:
 
 def validate_semantics(cfg: RunConfig, path: str, devices: Optional[int] = None) -> RunConfig:
     """Cross-field checks pydantic cannot express; `devices` is the number of accelerators (None = CPU)."""
+    # This host's limits bind a local Ray only; on an existing cluster the rollout pool's placement group
+    # reserves the instances across its nodes and names the shortfall (key asp.instances) if it cannot.
+    local = cfg.run.ray_address is None
     limit = cpu_slots() if devices is None else devices
     what = "logical CPU slots (ASP_CPU_SLOTS)" if devices is None else "visible devices"
-    if cfg.asp.instances > limit:
+    if local and cfg.asp.instances > limit:
         raise ConfigError(f"{cfg.asp.instances} instances but only {limit} {what}", path=path,
                           key="asp.instances")
-    if cfg.asp.instances > cfg.run.ray_num_cpus:
+    if local and cfg.asp.instances > cfg.run.ray_num_cpus:
         raise ConfigError(f"{cfg.asp.instances} instances need at least as many Ray CPUs "
                           f"(run.ray_num_cpus={cfg.run.ray_num_cpus})", path=path, key="run.ray_num_cpus")
     if cfg.asp.minibatch_groups > cfg.data.num_prompts:
