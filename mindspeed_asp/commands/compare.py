@@ -33,6 +33,15 @@ COLUMNS: List[Column] = [
     ("reward", ("reward/final",), 0),
 ]
 
+#: Appended when any run set a target reward (run.target_reward): how soon it was reached, in updates and in
+#: seconds from the first dispatch (trailing mean of 3 updates; "-" = not reached). With the final reward at
+#: equal updates this shows both sides of the trade-off: asynchronous runs are faster per update but each
+#: update may learn less.
+LEARNING_COLUMNS: List[Column] = [
+    ("upd to R*", ("learning/updates_to_target",), 0),
+    ("s to R*", ("learning/seconds_to_target",), -1),
+]
+
 #: Used as soon as one run is a MindSpeed-RL log, so stock MindSpeed-RL and ASP line up under MindSpeed-RL's
 #: own metric names; an ASP run directory answers with its docs/design.md names.
 MSRL_COLUMNS: List[Column] = [
@@ -141,6 +150,8 @@ def compare_table(runs: Sequence[Dict[str, Any]],
         columns = MSRL_COLUMNS if any(r.get("source") == MSRL_SOURCE for r in runs) else COLUMNS
         if any(_value(r, keys) is not None for r in runs for _, keys, _ in OFFPOLICY_COLUMNS[1:]):
             columns = list(columns) + OFFPOLICY_COLUMNS
+        if any(r.get("learning/target_reward") is not None for r in runs):
+            columns = list(columns) + LEARNING_COLUMNS
     header = ["run", "mode"] + [c[0] for c in columns]
     base = runs[0]
     rows = []
@@ -170,6 +181,10 @@ def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]
     runs = [load_run(p) for p in paths]
     header, rows = compare_table(runs)
     note = "ratios vs the first run, x > 1 is better (throughput higher, times lower)"
+    targets = sorted({r["learning/target_reward"] for r in runs if r.get("learning/target_reward") is not None})
+    if targets:
+        note += ("; reward = mean of the last quarter of the updates; R* = target reward "
+                 + "/".join(f"{t:g}" for t in targets) + " (trailing mean of 3 updates, '-' = not reached)")
     return format_table(header, rows) + "\n" + note, runs
 
 

@@ -111,7 +111,8 @@ class Driver:
         self.dispatcher = Dispatcher(MODE_POLICY[self.mode], cfg.asp.instances, capacity=capacity,
                                      work_stealing=cfg.asp.work_stealing, clock=time.time)
         self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
-                                    minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time)
+                                    minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time,
+                                    target_reward=cfg.run.target_reward)
         self.planner = None
         self.plan_file = None
         self.plan_iteration = 0

@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
+
 STEPS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 TRACE_FILE = "trace.json"
@@ -49,6 +51,7 @@ class RunRecorder:
     minibatch_groups: int
     max_lag: int
     devices: Optional[int] = None  # devices in e2e_tps' denominator; default = instances
+    target_reward: Optional[float] = None  # learning/*_to_target are reported against it (run.target_reward)
     clock: Any = time.monotonic
     t0: float = field(default=0.0)
     groups: List[GroupSpan] = field(default_factory=list)
@@ -109,11 +112,19 @@ class RunRecorder:
         s.update(self._times_and_throughput())
         rewards = [r["reward/mean"] for r in self.steps if "reward/mean" in r]
         if rewards:
-            k = max(1, len(rewards) // 4)
-            s["reward/final"] = float(np.mean(rewards[-k:]))
+            s["reward/final"] = final_reward(rewards)
             s["reward/first"] = float(rewards[0])
+            first = min([g.submit for g in self.groups], default=0.0)
+            s.update(learning_summary(rewards, [r["t_end"] for r in self.steps if "reward/mean" in r], first,
+                                      self.target_reward))
         trained = [L for g in self.groups if g.trained for L in g.sample_lengths]
         s["length/trained_mean"] = float(np.mean(trained)) if trained else 0.0
+        starve = length_starvation([(g.gid, g.submit, g.trained, g.sample_lengths) for g in self.groups])
+        s["length/generated_mean"] = starve["generated_len_mean"]
+        s["length/ks_trained_vs_generated"] = starve["ks_trained_vs_generated"]
+        s["length/discarded_share"] = starve["discarded_share"]
+        for i, share in enumerate(starve["discarded_share_by_quartile"]):
+            s[f"length/discarded_share_q{i + 1}"] = share  # q1 = shortest quarter of the generated groups
         s["events"] = _count(e["kind"] for e in self.events)
         if extra:
             s.update(extra)

@@ -78,6 +78,9 @@ class RunSection(Strict):
     step_timeout_s: float = Field(600.0, gt=0.0, description="longest wait for a finished group")
     verify_weights: bool = Field(True, description="compare trainer and instance checksums after each sync")
     plots: bool = True
+    target_reward: Optional[float] = Field(
+        None, allow_inf_nan=False, description="reward whose reach (updates and seconds, trailing mean of 3 "
+        "updates) the summary and `asp compare` report; None = not reported")
     platform: Optional[Literal["cpu", "cuda", "npu"]] = Field(None, description="None = auto-detect")
 
 
