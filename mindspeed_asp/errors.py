@@ -41,3 +41,7 @@ class WeightSyncError(AspError):
 
 class WeightSyncTimeout(WeightSyncError):
     """A weight-sync peer did not answer within the deadline; the message names which one (rank, label)."""
+
+
+class RunError(AspError):
+    """A run could not continue (instances failed to start, every instance died, a step timed out)."""

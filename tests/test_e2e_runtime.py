@@ -99,7 +99,7 @@ def test_killed_instance_groups_are_redispatched(tmp_path, ray_session):
     def kill_after_first(driver, rec):
         if rec["step"] == 0:
             killed["in_flight"] = driver.dispatcher.in_flight_count(1)
-            ray.kill(driver.instances[1], no_restart=True)
+            ray.kill(driver.pool.handles[1], no_restart=True)
 
     summary, steps, out = run(tmp_path, ray_session, "asp", 1, after_step=kill_after_first)
     check_invariants(summary, steps, 1)

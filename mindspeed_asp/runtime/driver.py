@@ -8,11 +8,12 @@
   (re-planned as observed lengths come in), each instance pulls its own plan queue, and an instance that
   drains steals not-started groups from the most loaded queue.
 
-One driver process owns the dispatcher, the sample queue with the max-lag counter, the reference trainer
-and the sender of the weight-sync group; the rollout instances are Ray actors that generate in their own
-background loops while the driver polls them. Every trained sample's lag is audited and logged, each sync
-is verified by checksums, versions increase by one per update, and a dead instance's groups are
-re-dispatched to the others (the sync group is re-formed without it); no group is trained twice.
+One driver process owns the dispatcher, the sample queue with the max-lag counter and the reference
+trainer; the rollout instances are Ray actors, held by a `RolloutPool` (placement, liveness, submit/poll,
+the weight-sync group), that generate in their own background loops while the driver polls them. Every
+trained sample's lag is audited and logged, each sync is verified by checksums, versions increase by one per
+update, and a dead instance's groups are re-dispatched to the others (the sync group is re-formed without
+it); no group is trained twice.
 """
 from __future__ import annotations
 
@@ -23,22 +24,30 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from mindspeed_asp.errors import AspError, WeightSyncError
+from mindspeed_asp.errors import RunError
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
 from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_fields
+from mindspeed_asp.runtime.ray_utils import RaySession
+from mindspeed_asp.runtime.rollout_pool import RolloutPool
 from mindspeed_asp.runtime.run_config import RunConfig, dump_config
+from mindspeed_asp.runtime.types import RequestId
+
+if TYPE_CHECKING:
+    from mindspeed_asp.runtime.demo_task import DemoTask
+    from mindspeed_asp.runtime.platform import Platform
+    from mindspeed_asp.runtime.replan import WindowPlanner
+    from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
+    from mindspeed_asp.runtime.trainer import GRPOTrainer
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.types import PromptSet
 
 POLL_S = 0.05
 #: vLLM's per-request INFO lines would bury the progress bar; warnings and errors still show.
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING"}
-
-
-class RunError(AspError):
-    """The run could not continue (instances failed to start, every instance died, a step timed out)."""
 
 
 @dataclass
@@ -74,21 +83,41 @@ class Driver:
         self.progress = progress
         self.after_step = after_step
         self.manage_ray = manage_ray
-        self.instances: List[Any] = []
-        self.alive: List[bool] = []
         self.version = 0
         self.sync_rounds: List[Dict[str, Any]] = []
         self.infos: Dict[int, _GroupInfo] = {}
         self.results_by_gid: Dict[int, Any] = {}
+        self.spans: Dict[int, GroupSpan] = {}
         self.trained_gids: List[int] = []
-        self.instance_pids: List[int] = []
+        self.minibatch_tag: Dict[int, int] = {}  # gid -> the plan's minibatch tag
+        self.steals_logged = 0  # dispatcher.steals already written to the trace
         self.peak_rss = 0.0
+        # built by _setup: the config-derived parts before Ray starts, the pool and the trainer once it is up
+        self.platform: Optional[Platform] = None
+        self.model_path = ""
+        self.task: Optional[DemoTask] = None
+        self.prompt_set: Optional[PromptSet] = None
+        self.prompt_list: List[Any] = []
+        self.P = 0
+        self.controller: Optional[LagController] = None
+        self.queue: Optional[SampleQueue] = None
+        self.dispatcher: Optional[Dispatcher] = None
+        self.recorder: Optional[RunRecorder] = None
+        self.planner: Optional[WindowPlanner] = None
+        self.plan_file: Optional[DispatchPlan] = None
+        self.plan_iteration = 0
+        self.ray = RaySession(cfg.run.ray_address, num_cpus=cfg.run.ray_num_cpus,
+                              object_store_mb=cfg.run.ray_object_store_mb, env=QUIET_ENV)
+        self.pool: Optional[RolloutPool] = None
+        self.trainer: Optional[GRPOTrainer] = None
+        # loop state (_loop)
+        self.next_gid = 0
+        self.window_index = 0
+        self.t_last_step: Optional[float] = None
+        self.bar: Any = None
 
     # ================================================================== setup
     def _setup(self) -> None:
-        import ray
-
-        from mindspeed_asp.runtime import ray_utils
         from mindspeed_asp.runtime.platform import current_platform, platform_from_name
         from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
         from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
@@ -113,9 +142,6 @@ class Driver:
         self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
                                     minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time,
                                     target_reward=cfg.run.target_reward)
-        self.planner = None
-        self.plan_file = None
-        self.plan_iteration = 0
         if self.mode == "asp" and cfg.asp.plan_path:
             from mindspeed_asp.scheduler.plan import DispatchPlan
 
@@ -128,10 +154,14 @@ class Driver:
 
             self.planner = WindowPlanner(cfg.asp, self.prompt_set, cfg.data.max_new_tokens, cfg.asp.instances,
                                          rollout_log=self.out / "rollout_log.jsonl", seed=cfg.run.seed)
-        if self.manage_ray and not ray.is_initialized():
-            ray_utils.start_local_ray(num_cpus=cfg.run.ray_num_cpus, object_store_mb=cfg.run.ray_object_store_mb,
-                                      platform=self.platform, env=QUIET_ENV)
-        self._start_instances()
+        if self.manage_ray:
+            self.ray.platform = self.platform
+            self.ray.open()
+        self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
+                                threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
+                                multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
+                                event=self.recorder.event)
+        self.pool.start()
         from mindspeed_asp.runtime.trainer import GRPOTrainer
 
         import torch
@@ -142,29 +172,8 @@ class Driver:
                                    seed=cfg.run.seed, max_grad_norm=cfg.trainer.max_grad_norm,
                                    dtype=cfg.model.dtype, objective=cfg.trainer.objective,
                                    iw_cap=cfg.trainer.iw_cap, iw_mode=cfg.trainer.iw_mode)
-        self._open_sync_group()
-        self._warmup()
-
-    def _warmup(self) -> None:
-        """One short request per instance before the clock starts, so the first iteration does not carry the
-        engines' first-step costs (equal for every mode, but it would blur the comparison)."""
-        import ray
-
-        from mindspeed_asp.runtime.types import GroupRequest
-
-        pid, ids, _ = self.prompt_list[0]
-        for j, a in enumerate(self.instances):
-            ray.get(a.submit.remote([GroupRequest(group_id=f"warmup:{j}", prompt_id=pid, prompt_token_ids=list(ids),
-                                                  n=2, max_new_tokens=8, seed=0)]), timeout=60)
-        deadline = time.time() + self.cfg.run.start_timeout_s
-        pending = set(range(len(self.instances)))
-        while pending:
-            for j in list(pending):
-                if ray.get(self.instances[j].drain_finished.remote(), timeout=60):
-                    pending.discard(j)
-            if time.time() > deadline:
-                raise RunError(f"instances {sorted(pending)} did not finish a warm-up request")
-            time.sleep(POLL_S)
+        self.pool.open_sync_group()
+        self.pool.warmup(self.prompt_list[0][1], timeout_s=cfg.run.start_timeout_s)
 
     def _sample_memory(self) -> None:
         """Peak resident memory of the run: the driver (trainer) plus every instance process and its
@@ -174,7 +183,7 @@ class Driver:
         except ImportError:
             return
         procs = {}
-        for pid in self.instance_pids:
+        for pid in self.pool.pids:
             try:
                 p = psutil.Process(pid)
                 procs[p.pid] = p
@@ -198,67 +207,24 @@ class Driver:
                             dtype=cfg.model.dtype, gpu_memory_utilization=cfg.model.memory_fraction,
                             seed=cfg.run.seed)
 
-    def _start_instances(self) -> None:
-        """Start instances one after the other (simultaneous vLLM starts once hung), each with a retry."""
-        from mindspeed_asp.runtime.instance import create_instance
-
-        import ray
-
-        cfg = self.cfg
-        for j in range(cfg.asp.instances):
-            last: Optional[BaseException] = None
-            for attempt in range(2):
-                actor = create_instance(j, self._engine_config(), platform=self.platform,
-                                        threads=cfg.run.instance_threads)
-                try:
-                    info = ray.get(actor.start.remote(), timeout=cfg.run.start_timeout_s)
-                    self.instance_pids.append(int(info.get("pid", 0)))
-                    self.recorder.event("instance_started", instance=j, attempt=attempt,
-                                        seconds=float(info.get("start_seconds", 0.0)) if isinstance(info, dict) else 0.0)
-                    break
-                except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as exc:
-                    last = exc
-                    ray.kill(actor, no_restart=True)
-                    actor = None
-            if actor is None:
-                raise RunError(f"rollout instance {j} did not start within {cfg.run.start_timeout_s:.0f} s "
-                               f"(twice): {last}")
-            self.instances.append(actor)
-            self.alive.append(True)
-
-    def _open_sync_group(self) -> None:
-        """(Re-)form the weight-sync group over the live instances and push the trainer's weights (v0 check)."""
-        from mindspeed_asp.runtime.weight_sync import WeightSyncSender, init_weight_sync
-
-        if getattr(self, "sender", None) is not None:
-            self.sender.close()
-        live = [a for a, ok in zip(self.instances, self.alive) if ok]
-        self.sender = WeightSyncSender(self.platform, "127.0.0.1", world_size=1 + len(live))
-        init_weight_sync(self.sender, live)
-
     # ================================================================== main loop
     def run(self) -> Dict[str, Any]:
-        """Run `run.steps` updates; returns the summary dict (also written to summary.json)."""
-        import ray
+        """Run `run.steps` updates; returns the summary dict (also written to summary.json).
 
-        from mindspeed_asp.runtime import ray_utils
-
-        started_ray = self.manage_ray and not ray.is_initialized()
+        The Ray it started (a local one) is stopped afterwards; an existing cluster (`run.ray_address`) is
+        only disconnected from, and a Ray this process already had is left as it was.
+        """
         try:
             self._setup()
             self._loop()
             summary = self._finish()
         finally:
             self._shutdown()
-            if started_ray:
-                ray_utils.stop_local_ray()
+            self.ray.close()
         return summary
 
     def _loop(self) -> None:
         cfg = self.cfg
-        self.next_gid = 0
-        self.window_index = 0
-        self.t_last_step = None
         self.bar = _progress(cfg.run.steps, self.progress)
         try:
             while self.version < cfg.run.steps:
@@ -302,7 +268,6 @@ class Driver:
         if self.planner is not None:
             plan = self.planner.plan(gids)
             tickets = [Ticket(g, plan.predicted_tokens[g]) for g in gids]
-            self.minibatch_tag = getattr(self, "minibatch_tag", {})
             self.minibatch_tag.update(plan.minibatch)
             self.dispatcher.load_window(tickets, plan_queues=plan.queues)
             self.recorder.event("plan", window=self.window_index, groups=len(gids),
@@ -321,7 +286,6 @@ class Driver:
         gids = [int(r) for r in plan.iteration_rows(it)]
         queues = [[int(r) for r in plan.instance_rows(it, j)] for j in range(self.cfg.asp.instances)]
         self.next_gid = max(self.next_gid, max(gids) + 1)
-        self.minibatch_tag = getattr(self, "minibatch_tag", {})
         tickets = []
         for g in gids:
             self.infos[g] = _GroupInfo(g, 0, g, window=self.window_index)
@@ -342,7 +306,7 @@ class Driver:
         from mindspeed_asp.runtime.types import GroupRequest
 
         for group in self.queue.take_stale():  # regenerate policy: back to the front, counted by the queue
-            gid = int(group.group_id.split(":")[0])
+            gid = group.group_id.gid
             self.dispatcher.done.discard(gid)
             self.dispatcher.requeue(gid, predicted=float(self.prompt_list[gid % self.P][2]))
             self.recorder.event("regenerate", gid=gid)
@@ -356,46 +320,28 @@ class Driver:
             info.dispatch_version = self.version
             pid, ids, cap = self.prompt_list[info.prompt_index]
             by_inst[j].append(GroupRequest(
-                group_id=f"{t.gid}:{t.attempt}", prompt_id=pid, prompt_token_ids=list(ids), n=self.cfg.data.n,
+                group_id=RequestId(t.gid, t.attempt), prompt_id=pid, prompt_token_ids=list(ids), n=self.cfg.data.n,
                 max_new_tokens=int(cap), temperature=self.cfg.data.temperature,
                 seed=self.cfg.run.seed * 1_000_003 + t.gid * 101 + t.attempt,
                 stop_token_ids=[self.task.eos_token_id],
-                minibatch=int(getattr(self, "minibatch_tag", {}).get(t.gid, -1))))
-        self._submit_times = getattr(self, "_submit_times", {})
+                minibatch=int(self.minibatch_tag.get(t.gid, -1))))
         for j, reqs in by_inst.items():
-            for r in reqs:
-                self._submit_times[r.group_id] = time.time()
-            try:
-                import ray
-
-                ray.get(self.instances[j].submit.remote(reqs), timeout=60)
-            except Exception as exc:  # noqa: BLE001 - any failure to reach the actor means it is gone
-                self._instance_died(j, exc)
-        for s in self.dispatcher.steals[len(getattr(self, "_logged_steals", [])):]:
+            self.pool.submit(j, reqs)  # an unreachable instance is marked dead: its groups go back to the queue
+        for s in self.dispatcher.steals[self.steals_logged:]:
             self.recorder.event("steal", thief=s.thief, victim=s.victim, gid=s.gid)
-        self._logged_steals = list(self.dispatcher.steals)
+        self.steals_logged = len(self.dispatcher.steals)
 
     def _poll(self) -> int:
         """Collect finished groups from every live instance; returns how many arrived."""
-        import ray
-
-        live = [j for j, ok in enumerate(self.alive) if ok]
-        refs = {j: self.instances[j].drain_finished.remote() for j in live}
         got = 0
-        for j, ref in refs.items():
-            try:
-                results = ray.get(ref, timeout=60)
-            except Exception as exc:  # noqa: BLE001
-                self._instance_died(j, exc)
-                continue
-            for res in results:
-                got += self._accept_result(j, res)
+        for j, res in self.pool.poll():
+            got += self._accept_result(j, res)
         if got:
             self.recorder.queue(self.queue.occupancy())
         return got
 
     def _accept_result(self, j: int, res: Any) -> int:
-        gid = int(str(res.group_id).split(":")[0])
+        gid = res.group_id.gid
         if not self.dispatcher.on_finished(j, gid):
             self.recorder.event("late_result_refused", instance=j, gid=gid)
             return 0
@@ -408,7 +354,6 @@ class Driver:
                          version=min(int(s.min_version) for s in res.samples),
                          window=info.window if self.mode == "stock" else 0)
         self.recorder.group(span)
-        self.spans = getattr(self, "spans", {})
         self.spans[gid] = span
         if self.planner is not None:
             self.planner.observe(res.prompt_id, info.epoch, lengths, instance=j)
@@ -416,15 +361,11 @@ class Driver:
         self.queue.put(res)
         return 1
 
-    def _instance_died(self, j: int, exc: BaseException) -> None:
-        if not self.alive[j]:
-            return
-        self.alive[j] = False
+    def _on_instance_death(self, j: int, exc: BaseException) -> None:
+        """The pool lost instance j (others live): its in-flight and queued groups go to the live ones, and
+        results it may still deliver are refused, so each group is trained exactly once."""
         lost = self.dispatcher.on_instance_dead(j)
         self.recorder.event("instance_died", instance=j, redispatched=len(lost), error=type(exc).__name__)
-        if not any(self.alive):
-            raise RunError(f"every rollout instance died (last: {exc})")
-        self._open_sync_group()
 
     def _wait_idle(self) -> None:
         """Nothing arrived and nothing to train: sleep a poll interval, counting starved trainer time."""
@@ -469,20 +410,20 @@ class Driver:
         rewards = [[self.task.reward(g.prompt_id, s.token_ids) for s in g.samples] for g in batch]
         stats = self.trainer.train_step(batch, rewards)
         t_trained = time.time()
-        live = [a for a, ok in zip(self.instances, self.alive) if ok]
-        sync = self._sync(live)
+        sync = self.pool.sync(self.trainer.version, self.trainer.named_weights, verify=self.cfg.run.verify_weights)
+        self.sync_rounds.append(sync)
         self.version = self.trainer.version
         if self.version != step + 1:
             raise RunError(f"trainer version {self.version} after update {step}: versions must grow by one")
         t_end = time.time()
         lags = self.queue.log_rows[-1].lags
-        gids = [int(str(g.group_id).split(":")[0]) for g in batch]
+        gids = [g.group_id.gid for g in batch]
         for g in gids:
             self.spans[g].trained = True
         self.trained_gids.extend(gids)
         iter_s = t_end - self.t_last_step
         tokens = int(stats["tokens_total"])
-        devices = sum(self.alive)
+        devices = len(self.pool.live())
         rec = {
             "step": step, "version": self.version, "t_end": t_end - self.recorder.t0,
             "time/iteration": iter_s, "time/rollout": t_ready - self.t_last_step,
@@ -510,55 +451,10 @@ class Driver:
         if self.after_step is not None:
             self.after_step(self, rec)
 
-    def _sync(self, live: Sequence[Any]) -> Dict[str, Any]:
-        """Push the new weights to every live instance and verify them; a dead instance re-forms the group."""
-        from mindspeed_asp.runtime.weight_sync import sync_weights
-
-        version = self.trainer.version
-        for attempt in range(2):
-            try:
-                stats = sync_weights(self.sender, live, version, self.trainer.named_weights())
-                break
-            except WeightSyncError as exc:
-                dead = self._find_dead()
-                if not dead or attempt == 1:
-                    raise
-                for j in dead:
-                    self._instance_died(j, exc)
-                live = [a for a, ok in zip(self.instances, self.alive) if ok]
-        if self.cfg.run.verify_weights and not stats.verified:
-            raise WeightSyncError(f"weight sync to version {version} was not verified")
-        row = {"version": version, "seconds": stats.seconds, "bytes": stats.bytes, "verified": stats.verified,
-               "instances": len(live)}
-        self.sync_rounds.append(row)
-        return row
-
-    def _find_dead(self) -> List[int]:
-        import ray
-
-        dead = []
-        for j, ok in enumerate(self.alive):
-            if not ok:
-                continue
-            try:
-                ray.get(self.instances[j].status.remote(), timeout=30)
-            except Exception:  # noqa: BLE001
-                dead.append(j)
-        return dead
-
     # ================================================================== finish
     def _finish(self) -> Dict[str, Any]:
-        import ray
-
-        steps = {}
-        for j, ok in enumerate(self.alive):
-            if ok:
-                try:
-                    st = ray.get(self.instances[j].status.remote(), timeout=30)
-                    steps[j] = int(st.get("steps", 0))
-                except Exception:  # noqa: BLE001
-                    pass
-        if steps and len(steps) == len(self.instances):
+        steps = self.pool.decode_steps()
+        if steps and len(steps) == self.pool.count:
             self.recorder.decode_steps = steps
         if self.planner is not None:
             self.planner.save_history(self.out / "length_history.jsonl")
@@ -572,7 +468,8 @@ class Driver:
             "trained_groups": len(self.trained_gids),
             "trained_unique": len(set(self.trained_gids)),
             "steals": len(self.dispatcher.steals), "redispatched": self.dispatcher.redispatched,
-            "instances_alive": int(sum(self.alive)),
+            "instances_alive": len(self.pool.live()),
+            "instance_nodes": list(self.pool.nodes),
             "memory/peak_rss_gib": self.peak_rss,
             **self.queue.counters(),
         }
@@ -584,24 +481,9 @@ class Driver:
         return summary
 
     def _shutdown(self) -> None:
-        import ray
-
-        if getattr(self, "sender", None) is not None:
-            try:
-                self.sender.close()
-            except Exception:  # noqa: BLE001
-                pass
-        for j, a in enumerate(self.instances):
-            if self.alive[j]:
-                try:
-                    ray.get(a.shutdown.remote(), timeout=60)
-                except Exception:  # noqa: BLE001
-                    pass
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
-        if hasattr(self, "recorder"):
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.recorder is not None:
             self.recorder.close()
 
 

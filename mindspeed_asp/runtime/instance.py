@@ -3,7 +3,7 @@
 API (what the dispatcher and the driver call; all methods are Ray actor methods):
 
     RolloutInstance.options(...).remote(index, engine_config)   # or create_instance()/start_instances()
-      .start() -> dict                      engine up; {"pid", "platform", "start_seconds", "index", ...}
+      .start() -> dict                      engine up; {"pid", "node_id", "platform", "start_seconds", ...}
       .submit(groups, stolen=False) -> int  append GroupRequests to the ordered queue; returns queue length
       .drain_finished() -> list[GroupResult]  groups finished since the last call (raises if the loop died)
       .status() -> dict                     queued, running_groups, running_seqs, finished_total, version,
@@ -166,6 +166,7 @@ class RolloutInstanceImpl:
         self._thread = threading.Thread(target=self._loop, name=f"asp-instance-{self.index}", daemon=True)
         self._thread.start()
         self._start_info = {"index": self.index, "pid": os.getpid(), "platform": self.platform.kind,
+                            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
                             "start_seconds": time.perf_counter() - t0, "slots": cfg.slots,
                             "eos_token_id": self._eos, "workers": cfg.tensor_parallel_size,
                             "warmup_seconds": warmup_seconds}
@@ -421,15 +422,22 @@ RolloutInstance = ray.remote(max_concurrency=16)(RolloutInstanceImpl)
 
 
 def create_instance(index: int, config: EngineConfig, platform: Optional[Platform] = None,
-                    num_cpus: float = 1.0, threads: int = 1, env: Optional[Dict[str, str]] = None) -> Any:
-    """An instance actor with the platform's resources and one-thread environment (not started yet)."""
+                    num_cpus: float = 1.0, threads: int = 1, env: Optional[Dict[str, str]] = None,
+                    loopback: bool = True, scheduling_strategy: Any = None, actor_cls: Any = None) -> Any:
+    """An instance actor with the platform's resources and one-thread environment (not started yet).
+
+    `loopback=False` for a cluster of several hosts (see `actor_env`); `scheduling_strategy` places it (the
+    rollout pool passes its placement-group bundle); `actor_cls` is another actor class with this API.
+    """
     platform = platform or current_platform()
-    env_vars = actor_env(platform, threads=threads)
+    env_vars = actor_env(platform, threads=threads, loopback=loopback)
     env_vars.update(env or {})
     opts: Dict[str, Any] = dict(num_cpus=num_cpus, runtime_env={"env_vars": env_vars},
                                 name=None, max_restarts=0)
     opts.update(platform.ray_actor_resources(config.tensor_parallel_size))
-    return RolloutInstance.options(**opts).remote(index, config, platform.kind)
+    if scheduling_strategy is not None:
+        opts["scheduling_strategy"] = scheduling_strategy
+    return (actor_cls or RolloutInstance).options(**opts).remote(index, config, platform.kind)
 
 
 def start_instances(configs: Sequence[EngineConfig], platform: Optional[Platform] = None,

@@ -6,14 +6,29 @@ on one shape. Times are `time.time()` seconds (wall clock, comparable across pro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Hashable, List, NamedTuple, Optional
+
+
+class RequestId(NamedTuple):
+    """Which group a request generates and which try it is (0 first; +1 per re-dispatch or regenerate).
+
+    The runtime driver uses it as `group_id`, so a result names its group and attempt as typed fields; a
+    tuple, so it pickles through Ray and hashes as a dict key inside the instance and the sample queue.
+    """
+
+    gid: int
+    attempt: int = 0
 
 
 @dataclass
 class GroupRequest:
-    """One prompt group: `n` samples of the same token-id prompt. `minibatch` is the plan's tag."""
+    """One prompt group: `n` samples of the same token-id prompt. `minibatch` is the plan's tag.
 
-    group_id: str
+    `group_id` is opaque to the instance (echoed in the result): the runtime driver sends a `RequestId`,
+    the MindSpeed-RL adapter the str of its int gid.
+    """
+
+    group_id: Hashable
     prompt_id: str
     prompt_token_ids: List[int]
     n: int
@@ -54,7 +69,7 @@ class SampleResult:
 class GroupResult:
     """A finished group as an instance returns it, with its timings (enqueued, admitted, finished)."""
 
-    group_id: str
+    group_id: Hashable  # the request's group_id, unchanged
     prompt_id: str
     instance: int
     samples: List[SampleResult]
