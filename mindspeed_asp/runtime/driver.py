@@ -106,8 +106,8 @@ class Driver:
         self.planner: Optional[WindowPlanner] = None
         self.plan_file: Optional[DispatchPlan] = None
         self.plan_iteration = 0
-        self.ray = RaySession(cfg.run.ray_address, num_cpus=cfg.run.ray_num_cpus,
-                              object_store_mb=cfg.run.ray_object_store_mb, env=QUIET_ENV)
+        self.ray_session = RaySession(cfg.run.ray_address, num_cpus=cfg.run.ray_num_cpus,
+                                      object_store_mb=cfg.run.ray_object_store_mb, env=QUIET_ENV)
         self.pool: Optional[RolloutPool] = None
         self.trainer: Optional[GRPOTrainer] = None
         # loop state (_loop)
@@ -155,8 +155,8 @@ class Driver:
             self.planner = WindowPlanner(cfg.asp, self.prompt_set, cfg.data.max_new_tokens, cfg.asp.instances,
                                          rollout_log=self.out / "rollout_log.jsonl", seed=cfg.run.seed)
         if self.manage_ray:
-            self.ray.platform = self.platform
-            self.ray.open()
+            self.ray_session.platform = self.platform
+            self.ray_session.open()
         self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
                                 threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
                                 multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
@@ -220,7 +220,7 @@ class Driver:
             summary = self._finish()
         finally:
             self._shutdown()
-            self.ray.close()
+            self.ray_session.close()
         return summary
 
     def _loop(self) -> None:
