@@ -58,7 +58,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
     from mindspeed_asp.scheduler.types import InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
     from mindspeed_asp.sim.cost_fit import fit_cost_model
     from mindspeed_asp.sim.pipeline import simulate_pipeline
-    from mindspeed_asp.sim.trainer import TrainerModel
+    from mindspeed_asp.sim.train_time import TrainerModel
 
     trace = json.loads((run_dir / "trace.json").read_text())
     cfg = summary["config"]

@@ -30,7 +30,7 @@ from typing import Dict, List
 import numpy as np
 
 from mindspeed_asp.sim import sweep
-from mindspeed_asp.sim.trainer import trainer_for_rho
+from mindspeed_asp.sim.train_time import trainer_for_rho
 
 BASELINES = ["stock", "random", "round_robin", "sorted_asc", "sorted_desc", "least_loaded", "verl_kk", "lpt"]
 ROLLOUT_PLANNERS = ["asp", "oracle_asp", "lpt", "oracle_lpt", "verl_kk", "oracle_verl_kk", "round_robin", "stock"]

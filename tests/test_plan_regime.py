@@ -12,7 +12,7 @@ from mindspeed_asp.scheduler import asp_planner, baselines
 from mindspeed_asp.scheduler.asp_planner import BASELINE_THETA, ORDER_RULES, _score, plan_asp
 from mindspeed_asp.scheduler.build import build_plan
 from mindspeed_asp.sim.pipeline import simulate_pipeline
-from mindspeed_asp.sim.trainer import TrainerModel
+from mindspeed_asp.sim.train_time import TrainerModel
 
 from test_planners import make_problem
 

@@ -9,7 +9,7 @@ from mindspeed_asp.scheduler.types import CostModel, InstanceSpec
 from mindspeed_asp.sim import metrics as mx
 from mindspeed_asp.sim.cost_fit import fit_cost_model, load_cost_json, load_step_timings, save_cost_json
 from mindspeed_asp.sim.engine import simulate_instances
-from mindspeed_asp.sim.trainer import TrainerModel
+from mindspeed_asp.sim.train_time import TrainerModel
 
 
 def test_percent_above():

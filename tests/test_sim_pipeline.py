@@ -5,7 +5,7 @@ import pytest
 from mindspeed_asp.scheduler.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                            PromptSet)
 from mindspeed_asp.sim.pipeline import simulate_pipeline
-from mindspeed_asp.sim.trainer import TrainerModel, alpha_for_rho, group_tokens, trainer_for_rho
+from mindspeed_asp.sim.train_time import TrainerModel, alpha_for_rho, group_tokens, trainer_for_rho
 from mindspeed_asp.sim.metrics import lower_bounds
 
 

@@ -21,7 +21,7 @@ from mindspeed_asp.sim import pipeline as pipeline_mod
 from mindspeed_asp.sim.engine import INF, Cluster
 from mindspeed_asp.sim.metrics import lower_bounds
 from mindspeed_asp.sim.pipeline import STALE_POLICIES, simulate_pipeline
-from mindspeed_asp.sim.trainer import trainer_for_rho
+from mindspeed_asp.sim.train_time import trainer_for_rho
 
 COST = CostModel(a=0.030, b=1e-4, c=6e-8, p=1e-4)  # the cost file of the user's report
 KV_LEVELS = ("none", "tight", "loose")

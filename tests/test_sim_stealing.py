@@ -9,7 +9,7 @@ from mindspeed_asp.scheduler.types import (Assignment, CostModel, InstanceSpec, 
                                            PromptSet)
 from mindspeed_asp.sim.engine import simulate_instances
 from mindspeed_asp.sim.pipeline import simulate_pipeline
-from mindspeed_asp.sim.trainer import trainer_for_rho
+from mindspeed_asp.sim.train_time import trainer_for_rho
 
 COST = CostModel(a=1e-2, b=1e-4, c=1e-7)
 

@@ -257,7 +257,7 @@ def _simulator():
     """Engineer C's event simulator (`mindspeed_asp.sim`), or None when it cannot be imported."""
     try:
         from mindspeed_asp.sim.pipeline import simulate_pipeline
-        from mindspeed_asp.sim.trainer import TrainerModel
+        from mindspeed_asp.sim.train_time import TrainerModel
     except ImportError:
         return None
     return simulate_pipeline, TrainerModel

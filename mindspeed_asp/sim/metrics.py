@@ -109,7 +109,7 @@ def lower_bounds(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, s
     if orders is not None:
         out["steps/LB"] = float(instance_step_bounds(orders, lengths, prompt_lens, spec).sum())
     if trainer is not None:
-        from mindspeed_asp.sim.trainer import group_tokens
+        from mindspeed_asp.sim.train_time import group_tokens
 
         tok = group_tokens(lengths, prompt_lens)
         G = len(tok)

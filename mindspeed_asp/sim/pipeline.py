@@ -39,7 +39,7 @@ import numpy as np
 from mindspeed_asp.scheduler.types import Assignment, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim import metrics as mx
 from mindspeed_asp.sim.engine import INF, Cluster, InstanceTrace
-from mindspeed_asp.sim.trainer import TrainerModel, group_tokens
+from mindspeed_asp.sim.train_time import TrainerModel, group_tokens
 
 MODES = ("stream", "stock", "single")
 STALE_POLICIES = ("wait", "drop", "regenerate")

@@ -22,7 +22,7 @@ from mindspeed_asp.errors import InputError
 from mindspeed_asp.scheduler.types import CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim.metrics import lower_bounds
 from mindspeed_asp.sim.pipeline import MODES, SimResult, simulate_pipeline
-from mindspeed_asp.sim.trainer import trainer_for_rho
+from mindspeed_asp.sim.train_time import trainer_for_rho
 
 
 @dataclass(frozen=True)
