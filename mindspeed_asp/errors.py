@@ -31,6 +31,11 @@ class ConfigError(InputError):
     """A configuration file or override is invalid (unknown key, wrong type, impossible value)."""
 
 
+class OutputError(InputError):
+    """An output path cannot be written (a file where a directory is needed, no write permission, a directory
+    where a file is wanted) or already holds a run that would be mixed with the new one."""
+
+
 class PlanMismatchError(AspError):
     """A dispatch plan was built for another dataset (fingerprint differs) or another schema version."""
 

@@ -11,7 +11,7 @@ from mindspeed_asp import __version__
 from mindspeed_asp.errors import InputError, PlanMismatchError
 from mindspeed_asp.scheduler.build import build_plan, iteration_starts
 from mindspeed_asp.scheduler.plan import META_KEY, SCHEMA_VERSION, DispatchPlan, load_plan
-from mindspeed_asp.scheduler.types import CostModel, LengthEstimate, PromptSet
+from mindspeed_asp.types import CostModel, LengthEstimate, PromptSet
 
 
 def dataset(G: int = 50, n: int = 4, seed: int = 0):

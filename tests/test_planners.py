@@ -11,7 +11,7 @@ from mindspeed_asp.scheduler.asp_planner import RULES, order_instance, plan_asp
 from mindspeed_asp.scheduler.fluid import group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 
 
 def make_problem(G: int, m: int = 4, n: int = 8, slots: int = 64, seed: int = 0, oracle: bool = False,
@@ -286,7 +286,7 @@ def test_scenarios_use_the_measured_prediction_error():
 
 def test_fifo_is_dataset_order_dealt_round_robin():
     from mindspeed_asp.scheduler.planners import get_planner
-    from mindspeed_asp.scheduler.types import (CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+    from mindspeed_asp.types import (CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                                PromptSet)
     G, m = 10, 3
     prompts = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(G)], dtype=object),

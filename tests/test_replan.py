@@ -6,7 +6,7 @@ import numpy as np
 from mindspeed_asp.config import AspSection
 from mindspeed_asp.runtime.replan import WindowPlanner
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.scheduler.types import PromptSet
+from mindspeed_asp.types import PromptSet
 
 
 def prompts(P=16, n=4):

@@ -75,7 +75,7 @@ def _write_plan(path, prompts, instances=2):
     import numpy as np
 
     from mindspeed_asp.scheduler.plan import DispatchPlan
-    from mindspeed_asp.scheduler.types import Assignment
+    from mindspeed_asp.types import Assignment
 
     G = len(prompts)
     orders = [np.arange(j, G, instances) for j in range(instances)]

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec
+from mindspeed_asp.types import CostModel, InstanceSpec
 from mindspeed_asp.sim.engine import Cluster, TabulatedCost, simulate_instances
 from mindspeed_asp.sim.metrics import instance_step_bounds
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec
+from mindspeed_asp.types import CostModel, InstanceSpec
 from mindspeed_asp.sim import metrics as mx
 from mindspeed_asp.sim.cost_fit import fit_cost_model, load_cost_json, load_step_timings, save_cost_json
 from mindspeed_asp.sim.engine import simulate_instances

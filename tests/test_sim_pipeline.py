@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mindspeed_asp.scheduler.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                            PromptSet)
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel, alpha_for_rho, group_tokens, trainer_for_rho

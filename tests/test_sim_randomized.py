@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.scheduler.planners import get_planner
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 from mindspeed_asp.sim import pipeline as pipeline_mod
 from mindspeed_asp.sim.engine import INF, Cluster
 from mindspeed_asp.sim.metrics import lower_bounds

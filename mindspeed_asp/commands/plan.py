@@ -94,7 +94,7 @@ def run(args) -> int:
     from mindspeed_asp.scheduler.history import LengthHistory
     from mindspeed_asp.scheduler.plan import plan_format
     from mindspeed_asp.scheduler.planners import PLANNERS, needs_oracle
-    from mindspeed_asp.scheduler.types import CostModel
+    from mindspeed_asp.types import CostModel
     from mindspeed_asp.workloads.prompts import load_prompt_set
 
     asp = load_asp_section(args.config) if args.config else None

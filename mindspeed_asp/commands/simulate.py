@@ -64,7 +64,7 @@ def handle(args: argparse.Namespace) -> int:
     import numpy as np
 
     from mindspeed_asp.errors import InputError
-    from mindspeed_asp.scheduler.types import CostModel
+    from mindspeed_asp.types import CostModel
     from mindspeed_asp.sim import sweep
     from mindspeed_asp.sim.cost_fit import load_cost_json
 

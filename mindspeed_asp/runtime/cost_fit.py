@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.scheduler.types import CostModel
+from mindspeed_asp.types import CostModel
 
 COST_KEYS = ("a", "b", "c", "p")
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
     from mindspeed_asp.runtime.trainer import GRPOTrainer
     from mindspeed_asp.scheduler.plan import DispatchPlan
-    from mindspeed_asp.scheduler.types import PromptSet
+    from mindspeed_asp.types import PromptSet
 
 POLL_S = 0.05
 #: vLLM's per-request INFO lines would bury the progress bar; warnings and errors still show.
@@ -490,7 +490,7 @@ class Driver:
 def task_and_prompts(cfg: RunConfig):
     """The run's task and its PromptSet (the dataset a plan file must have been built for)."""
     from mindspeed_asp.runtime.demo_task import DemoTask
-    from mindspeed_asp.scheduler.types import PromptSet
+    from mindspeed_asp.types import PromptSet
 
     task = DemoTask(cfg.data.num_prompts, seed=cfg.data.seed, max_new_tokens=cfg.data.max_new_tokens)
     prompts = task.prompts()

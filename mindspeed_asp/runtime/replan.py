@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from mindspeed_asp.config import AspSection
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec, PlanningProblem, PromptSet
+from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem, PromptSet
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.fluid import GroupMoments, group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
-from mindspeed_asp.scheduler.types import Assignment, InstanceSpec, LengthEstimate, PlanningProblem
+from mindspeed_asp.types import Assignment, InstanceSpec, LengthEstimate, PlanningProblem
 
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
 DEAL_BALANCE = -2.0  # theta value meaning "longest first, dealt round-robin" (equal counts, even tails)

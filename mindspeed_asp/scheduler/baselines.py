@@ -12,7 +12,7 @@ import numpy as np
 
 from mindspeed_asp.scheduler import partition
 from mindspeed_asp.scheduler.fluid import group_moments
-from mindspeed_asp.scheduler.types import Assignment, PlanningProblem
+from mindspeed_asp.types import Assignment, PlanningProblem
 
 
 def _untagged(orders: List[np.ndarray], G: int, name: str, **params: float) -> Assignment:

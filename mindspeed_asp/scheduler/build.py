@@ -18,7 +18,7 @@ from mindspeed_asp.scheduler.fluid import group_moments, instance_times, rollout
 from mindspeed_asp.scheduler.plan import DispatchPlan
 from mindspeed_asp.scheduler.asp_planner import fixed_choice, plan_asp
 from mindspeed_asp.scheduler.planners import get_planner, is_oracle_estimate, needs_oracle
-from mindspeed_asp.scheduler.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                            PromptSet)
 
 

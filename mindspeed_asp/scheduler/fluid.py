@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mindspeed_asp.scheduler.types import CostModel, PlanningProblem
+from mindspeed_asp.types import CostModel, PlanningProblem
 
 
 @dataclass(frozen=True)

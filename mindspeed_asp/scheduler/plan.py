@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Union
 import numpy as np
 
 from mindspeed_asp.errors import InputError, PlanMismatchError
-from mindspeed_asp.scheduler.types import Assignment, PromptSet
+from mindspeed_asp.types import Assignment, PromptSet
 
 SCHEMA_VERSION = 1
 FORMAT = "mindspeed-asp/dispatch-plan"

@@ -12,7 +12,7 @@ import numpy as np
 
 from mindspeed_asp.scheduler import baselines
 from mindspeed_asp.scheduler.asp_planner import plan_asp
-from mindspeed_asp.scheduler.types import Assignment, PlanningProblem
+from mindspeed_asp.types import Assignment, PlanningProblem
 
 Planner = Callable[[PlanningProblem, np.random.Generator], Assignment]
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_jsonl_objects
-from mindspeed_asp.scheduler.types import CostModel
+from mindspeed_asp.types import CostModel
 
 COLUMNS = ("active", "kv_tokens", "prefill_tokens", "step_time")
 PathLike = Union[str, Path]

@@ -40,7 +40,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec
+from mindspeed_asp.types import CostModel, InstanceSpec
 
 INF = float("inf")
 

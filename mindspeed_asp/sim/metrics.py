@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec
+from mindspeed_asp.types import CostModel, InstanceSpec
 
 METRIC_NAMES = (
     "bubble/padding", "bubble/padding_train", "bubble/dp_imbalance",

@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from mindspeed_asp.scheduler.types import Assignment, InstanceSpec, PlanningProblem
+from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim import metrics as mx
 from mindspeed_asp.sim.engine import INF, Cluster, InstanceTrace
 from mindspeed_asp.sim.train_time import TrainerModel, group_tokens

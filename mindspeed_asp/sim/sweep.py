@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.scheduler.types import CostModel, InstanceSpec, PlanningProblem
+from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim.metrics import lower_bounds
 from mindspeed_asp.sim.pipeline import MODES, SimResult, simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho

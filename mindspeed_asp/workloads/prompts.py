@@ -18,7 +18,7 @@ from typing import Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.scheduler.types import PromptSet
+from mindspeed_asp.types import PromptSet
 
 PathLike = Union[str, Path]
 

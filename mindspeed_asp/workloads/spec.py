@@ -21,7 +21,7 @@ import numpy as np
 
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.scheduler.types import PromptSet
+from mindspeed_asp.types import PromptSet
 
 _SYNTH_KEYS = {"prompts": int, "n": int, "seed": int, "epochs": int, "median": float, "cap": int,
                "trend": float, "rho": float, "sigma_between": float, "regime": str}

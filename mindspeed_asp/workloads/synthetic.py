@@ -23,7 +23,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.scheduler.types import PromptSet
+from mindspeed_asp.types import PromptSet
 
 
 def tail_statistics(lengths: np.ndarray) -> Dict[str, float]:

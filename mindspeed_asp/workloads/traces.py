@@ -21,7 +21,7 @@ import numpy as np
 
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.scheduler.types import PromptSet
+from mindspeed_asp.types import PromptSet
 from mindspeed_asp.workloads.prompts import iter_json_records
 
 PathLike = Union[str, Path]

@@ -139,7 +139,7 @@ def prompt_set_from_dataset(dataset: Any, n: int, origin: str = "mindspeed_rl da
     matches only for the same dataset, seed and shuffling.
     """
     import numpy as np
-    from mindspeed_asp.scheduler.types import PromptSet
+    from mindspeed_asp.types import PromptSet
     idx = list(range(len(dataset))) if order is None else [int(i) for i in order]
     lens = np.fromiter((len(dataset[i]["input_ids"]) for i in idx), dtype=np.int64, count=len(idx))
     ids = np.array([str(i) for i in idx], dtype=object)

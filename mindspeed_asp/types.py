@@ -1,4 +1,4 @@
-"""Data types shared by the estimators, the planners, the plan file and the simulator.
+"""Domain types shared by the estimators, the planners, the plan file, the simulator and the runtime.
 
 They are plain dataclasses over numpy arrays (one row per prompt group) so a 10^5-group epoch is planned
 without Python-object overhead. Nothing here imports torch or Ray.
