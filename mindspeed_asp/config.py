@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Type, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mindspeed_asp.errors import ConfigError
+from mindspeed_asp.textfile import read_text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -20,7 +21,9 @@ M = TypeVar("M", bound=BaseModel)
 class Strict(BaseModel):
     """Base for config sections: unknown keys are errors, assignments are validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: YAML's .nan/.inf (or an override `key=.inf`) is refused like any impossible value;
+    # a NaN ratio or budget would otherwise reach the planners and loop or stall.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class EstimatorSection(Strict):
@@ -64,6 +67,16 @@ class AspSection(Strict):
     estimator: EstimatorSection = EstimatorSection()
     cost: CostSection = CostSection()
 
+    @field_validator("planner")
+    @classmethod
+    def _known_planner(cls, name: str) -> str:
+        """An unknown planner name is refused with the config, not when the first window is planned."""
+        from mindspeed_asp.scheduler.planners import PLANNERS  # lazy: numpy-heavy, and imports this module
+
+        if name not in PLANNERS:
+            raise ValueError(f"unknown planner; choose one of: {', '.join(PLANNERS)}")
+        return name
+
 
 def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc)
@@ -91,8 +104,9 @@ def read_yaml(path: str | Path) -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("config file not found", path=str(path))
+    text = read_text(path, error=ConfigError)  # names the line of a byte that is not UTF-8
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", path=str(path),

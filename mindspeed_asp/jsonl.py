@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple, Union
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.textfile import decode_utf8
 
 
 def iter_jsonl_objects(path: Union[str, Path]) -> Iterator[Tuple[int, Dict[str, Any]]]:
     """Yield (line number, object) for each non-blank line; streams, so large logs need no full copy."""
     path = Path(path)
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:  # bytes: a line that is not UTF-8 is reported with its number
+        for lineno, raw in enumerate(fh, start=1):
+            line = decode_utf8(raw, path, line=lineno)
             if not line.strip():
                 continue
             try:

@@ -20,11 +20,17 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: Union[str, Path], dpi: int = 110) -> Path:
-    """Lay out, write and close `fig` (closing matters in long sweeps); returns the path written."""
+    """Lay out, write (atomically: temp file + rename) and close `fig` (closing matters in long sweeps);
+    returns the path written."""
     import matplotlib.pyplot as plt
 
+    from mindspeed_asp.atomic import atomic_path
+
     path = Path(path)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi)
+    finally:
+        plt.close(fig)
     return path

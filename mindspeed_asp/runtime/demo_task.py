@@ -30,6 +30,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
+from mindspeed_asp.atomic import atomic_open
 from mindspeed_asp.runtime.rewards import demo_reward
 from mindspeed_asp.runtime.tiny_model import BOS_TOKEN_ID, EOS_TOKEN_ID, FIRST_FREE_TOKEN_ID
 
@@ -120,8 +121,7 @@ class DemoTask:
         """Write the dataset, one JSON object per prompt: prompt_id, prompt_len, prompt_token_ids (what
         `asp plan` reads), plus max_new_tokens, target_len and source for humans and the demo driver."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as fh:
+        with atomic_open(path) as fh:
             for p in self._prompts:
                 fh.write(json.dumps({"prompt_id": p.prompt_id, "prompt_len": len(p.prompt_token_ids),
                                      "prompt_token_ids": list(p.prompt_token_ids),

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindspeed_asp.atomic import write_text
 from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
 
 STEPS_FILE = "metrics.jsonl"
@@ -186,12 +187,12 @@ class RunRecorder:
         """Write summary.json and trace.json; returns the summary."""
         self.close()
         summary = self.summary(extra)
-        (self.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True))
+        write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2, sort_keys=True))  # atomic
         trace = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
                  "groups": [asdict(g) for g in self.groups], "queue": self.queue_trace,
                  "trainer_idle": self.trainer_idle, "lags": self.lags, "events": self.events,
                  "steps": self.steps}
-        (self.out_dir / TRACE_FILE).write_text(json.dumps(_clean(trace)))
+        write_text(self.out_dir / TRACE_FILE, json.dumps(_clean(trace)))
         return summary
 
 

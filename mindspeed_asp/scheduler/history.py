@@ -24,6 +24,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from mindspeed_asp.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_jsonl_objects
 
@@ -278,17 +279,19 @@ class LengthHistory:
         return table.replace_schema_metadata({"mindspeed_asp.length_history": str(SCHEMA_VERSION)})
 
     def save(self, path: PathLike) -> None:
-        """Write to `.parquet` or `.jsonl` (chosen by suffix)."""
+        """Write to `.parquet` or `.jsonl` (chosen by suffix), atomically (temp file + rename): a run or a
+        command interrupted mid-save leaves the previous history intact."""
         path = Path(path)
         kind = _kind(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            pq.write_table(self.to_arrow(), str(path))
+            table = self.to_arrow()
+            with atomic_path(path) as tmp:
+                pq.write_table(table, str(tmp))
             return
         self._consolidate()
-        with path.open("w") as fh:
+        with atomic_open(path) as fh:
             for r in range(len(self._pid)):
                 vals = self._values[self._offsets[r]:self._offsets[r + 1]].tolist()
                 fh.write(json.dumps({"prompt_id": str(self._pid[r]), "epoch": int(self._epoch[r]),

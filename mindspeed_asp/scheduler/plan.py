@@ -21,7 +21,9 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
+from mindspeed_asp.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError, PlanMismatchError
+from mindspeed_asp.textfile import read_text
 from mindspeed_asp.types import Assignment, PromptSet
 
 SCHEMA_VERSION = 1
@@ -237,10 +239,10 @@ class DispatchPlan:
 
     # ------------------------------------------------------------------ files
     def save(self, path: PathLike, fmt: Optional[str] = None) -> Path:
-        """Write the plan as Parquet (header in schema metadata) or JSON Lines (header line + rows)."""
+        """Write the plan as Parquet (header in schema metadata) or JSON Lines (header line + rows), atomically:
+        an interrupted save leaves the previous plan, never part of a new one."""
         path = Path(path)
         kind = plan_format(path, fmt)
-        path.parent.mkdir(parents=True, exist_ok=True)
         header = json.dumps(self.header, sort_keys=True, default=_json_default)
         if kind == "parquet":
             import pyarrow as pa
@@ -249,9 +251,10 @@ class DispatchPlan:
             arrays = {k: pa.array(self.cols[k].tolist() if k == "prompt_id" else self.cols[k],
                                   type=pa.string() if k == "prompt_id" else None) for k in COLUMNS}
             table = pa.table(arrays).replace_schema_metadata({META_KEY: header.encode()})
-            pq.write_table(table, path)
+            with atomic_path(path) as tmp:
+                pq.write_table(table, str(tmp))
         else:
-            with open(path, "w") as fh:
+            with atomic_open(path) as fh:
                 fh.write(header + "\n")
                 cols = {k: self.cols[k].tolist() for k in COLUMNS}
                 for i in range(len(cols["row"])):
@@ -327,32 +330,31 @@ def _read_parquet(path: Path):
 def _read_jsonl(path: Path):
     header = None
     rows: Dict[str, list] = {k: [] for k in COLUMNS}
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                raise InputError(f"invalid JSON: {exc.args[0] if exc.args else exc}", path=str(path),
-                                 line=lineno) from None
-            if header is None:
-                header = rec
-                _check_header(header, str(path))
-                continue
-            if not isinstance(rec, dict):
-                raise InputError("plan row must be a JSON object", path=str(path), line=lineno)
-            for k in COLUMNS:
-                if k not in rec:
-                    raise InputError("plan row lacks a field", path=str(path), line=lineno, key=k)
-                v = rec[k]
-                if k in _INT_COLS and (isinstance(v, bool) or not isinstance(v, int)):
-                    raise InputError(f"expected an integer, got {v!r}", path=str(path), line=lineno, key=k)
-                if k in _FLOAT_COLS and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                    raise InputError(f"expected a number, got {v!r}", path=str(path), line=lineno, key=k)
-                if k == "prompt_id" and not isinstance(v, str):
-                    raise InputError(f"expected a string, got {v!r}", path=str(path), line=lineno, key=k)
-                rows[k].append(v)
+    for lineno, line in enumerate(read_text(path).split("\n"), start=1):  # names a non-UTF-8 line
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise InputError(f"invalid JSON: {exc.args[0] if exc.args else exc}", path=str(path),
+                             line=lineno) from None
+        if header is None:
+            header = rec
+            _check_header(header, str(path))
+            continue
+        if not isinstance(rec, dict):
+            raise InputError("plan row must be a JSON object", path=str(path), line=lineno)
+        for k in COLUMNS:
+            if k not in rec:
+                raise InputError("plan row lacks a field", path=str(path), line=lineno, key=k)
+            v = rec[k]
+            if k in _INT_COLS and (isinstance(v, bool) or not isinstance(v, int)):
+                raise InputError(f"expected an integer, got {v!r}", path=str(path), line=lineno, key=k)
+            if k in _FLOAT_COLS and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise InputError(f"expected a number, got {v!r}", path=str(path), line=lineno, key=k)
+            if k == "prompt_id" and not isinstance(v, str):
+                raise InputError(f"expected a string, got {v!r}", path=str(path), line=lineno, key=k)
+            rows[k].append(v)
     if header is None:
         raise InputError("empty plan file", path=str(path))
     cols = {k: np.asarray(v, dtype=object if k == "prompt_id" else None) for k, v in rows.items()}

@@ -8,6 +8,7 @@ reward long contexts). Timings are read from CSV or JSON Lines with the offendin
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Dict, Optional, Union
 
 import numpy as np
 
+from mindspeed_asp.atomic import write_json
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.textfile import read_text
 from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.types import CostModel
 
@@ -78,7 +81,7 @@ def load_step_timings(path: PathLike) -> Dict[str, np.ndarray]:
         raise InputError("file not found", path=str(path))
     rows = []
     if path.suffix.lower() == ".csv":
-        with path.open(newline="") as fh:
+        with io.StringIO(read_text(path), newline="") as fh:  # names a line that is not UTF-8
             reader = csv.DictReader(fh)
             missing = {"active", "kv_tokens", "step_time"} - set(reader.fieldnames or [])
             if missing:
@@ -99,7 +102,7 @@ def load_step_timings(path: PathLike) -> Dict[str, np.ndarray]:
                 out[k][i] = float(v)
             except (TypeError, ValueError):
                 raise InputError(f"not a number: {v!r}", path=str(path), line=lineno, key=k) from None
-            if out[k][i] < 0 or (k == "step_time" and out[k][i] <= 0):
+            if not np.isfinite(out[k][i]) or out[k][i] < 0 or (k == "step_time" and out[k][i] <= 0):
                 raise InputError(f"invalid value {v!r}", path=str(path), line=lineno, key=k)
     if not rows:
         raise InputError("no step timings in file", path=str(path))
@@ -107,7 +110,7 @@ def load_step_timings(path: PathLike) -> Dict[str, np.ndarray]:
 
 
 def save_cost_json(fit: CostFit, path: PathLike) -> None:
-    Path(path).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
+    write_json(path, fit.to_json(), indent=2)  # temp file + rename: an old cost file survives a failed write
 
 
 def load_cost_json(path: PathLike) -> CostModel:
@@ -116,7 +119,7 @@ def load_cost_json(path: PathLike) -> CostModel:
     if not path.is_file():
         raise InputError("cost file not found", path=str(path))
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
     if not isinstance(data, dict):
@@ -126,7 +129,7 @@ def load_cost_json(path: PathLike) -> CostModel:
         if k not in data and k != "p":
             raise InputError("missing key", path=str(path), key=k)
         v = data.get(k, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise InputError(f"must be a number >= 0, got {v!r}", path=str(path), key=k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):  # NaN fails too
+            raise InputError(f"must be a finite number >= 0, got {v!r}", path=str(path), key=k)
         vals[k] = float(v)
     return CostModel(source=str(data.get("source", path)), **vals)

@@ -17,7 +17,9 @@ from typing import Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
+from mindspeed_asp.atomic import atomic_open
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.textfile import read_text
 from mindspeed_asp.types import PromptSet
 
 PathLike = Union[str, Path]
@@ -32,7 +34,7 @@ def iter_json_records(path: PathLike) -> Iterator[Tuple[int, object]]:
     path = Path(path)
     if not path.is_file():
         raise InputError("file not found", path=str(path))
-    text = path.read_text()
+    text = read_text(path)  # names the line of a byte that is not UTF-8
     stripped = text.lstrip()
     if not stripped.startswith("["):
         for lineno, line in enumerate(text.splitlines(), start=1):
@@ -126,9 +128,7 @@ def load_prompt_set(path: PathLike, n: int = 8) -> PromptSet:
 
 def save_prompt_set(prompts: PromptSet, path: PathLike) -> None:
     """Write a PromptSet as JSON Lines readable by `load_prompt_set` (n is not stored: the run config has it)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
+    with atomic_open(path) as fh:  # whole or not at all (temp file + rename)
         for i in range(len(prompts)):
             rec = {"prompt_id": str(prompts.prompt_ids[i]), "prompt_len": int(prompts.prompt_lens[i])}
             if prompts.sources is not None:

@@ -20,6 +20,7 @@ from typing import Dict, Iterator, Tuple
 import numpy as np
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.memory_budget import check_fits, planning_bytes, synthesis_bytes
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.types import PromptSet
 
@@ -53,6 +54,8 @@ def _parse_options(text: str, spec: str, allowed: Dict[str, type]) -> Dict[str, 
             out[k] = allowed[k](v)
         except ValueError:
             raise InputError(f"bad value {v!r} for {k}", key=k) from None
+        if isinstance(out[k], float) and not np.isfinite(out[k]):
+            raise InputError(f"must be a finite number, got {v!r}", key=k)
     return out
 
 
@@ -86,9 +89,11 @@ def workload_from_spec(spec: str) -> ResolvedWorkload:
             if src in opts:
                 kw[dst] = opts[src]
         factory = SyntheticRLWorkload.small if regime == "small" else SyntheticRLWorkload
+        prompts, n = int(opts.get("prompts", 512)), int(opts.get("n", 8))
+        check_fits(synthesis_bytes(prompts, n, epochs + 1) + planning_bytes(prompts, n, 0, 0),
+                   f"the workload {spec!r} ({prompts} prompts x n={n}, {epochs + 1} epochs)", key="prompts/n")
         try:
-            wl = factory(int(opts.get("prompts", 512)), n=int(opts.get("n", 8)), epochs=epochs + 1,
-                         seed=int(opts.get("seed", 0)), **kw)
+            wl = factory(prompts, n=n, epochs=epochs + 1, seed=int(opts.get("seed", 0)), **kw)
         except ValueError as exc:
             raise InputError(str(exc), key=spec) from None
         return ResolvedWorkload(wl.prompts, wl.history(epochs), wl.lengths(epochs), wl.max_new_tokens, spec)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from pathlib import Path
 from typing import Optional, Tuple, Union
@@ -20,6 +21,7 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.textfile import read_text
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.types import PromptSet
 from mindspeed_asp.workloads.prompts import iter_json_records
@@ -97,7 +99,7 @@ def load_splitwise(path: PathLike, n: int = 8) -> Tuple[PromptSet, LengthHistory
         raise InputError("file not found", path=spath)
     prefill = []
     decode = []
-    with p.open(newline="") as fh:
+    with io.StringIO(read_text(p), newline="") as fh:  # read_text names a line that is not UTF-8
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:

@@ -19,7 +19,7 @@ from typing import Any, Dict, Literal, Optional
 from pydantic import Field
 
 from mindspeed_asp.config import AspSection, read_yaml, validate_section
-from mindspeed_asp.errors import ConfigError
+from mindspeed_asp.errors import ConfigError, InputError
 
 CONFIG_ENV = "ASP_MSRL_CONFIG"  # path of the training YAML; exported before `ray start` by shell/ scripts
 MSRL_SECTIONS = ("megatron_training", "actor_config", "rl_config", "generate_config")
@@ -337,9 +337,11 @@ if __name__ == "__main__":
     try:
         if sys.argv[1] == "--scheduler-section":
             import yaml
-            Path(sys.argv[3]).write_text(yaml.safe_dump(scheduler_section(sys.argv[2]), sort_keys=False))
+
+            from mindspeed_asp.atomic import write_text
+            write_text(sys.argv[3], yaml.safe_dump(scheduler_section(sys.argv[2]), sort_keys=False))
         else:
             print(shell_vars(load_topology(sys.argv[1])))
-    except ConfigError as exc:
+    except InputError as exc:  # a bad config (ConfigError) or an unwritable output (OutputError)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -45,9 +45,10 @@ def draw_order(dataset: Any, actor: Any) -> List[int]:
 
 def write_jsonl(dataset: Any, out: Path, order: Optional[Sequence[int]] = None) -> int:
     from tqdm import tqdm
-    out.parent.mkdir(parents=True, exist_ok=True)
+
+    from mindspeed_asp.atomic import atomic_open
     idx = range(len(dataset)) if order is None else order
-    with out.open("w") as fh:
+    with atomic_open(out) as fh:  # temp file + rename: no half-written dataset for `asp plan`
         for i in tqdm(idx, desc="export prompts", file=sys.stderr, unit="prompt"):
             fh.write(json.dumps({"prompt_id": str(int(i)), "prompt_len": int(len(dataset[int(i)]["input_ids"]))})
                      + "\n")
