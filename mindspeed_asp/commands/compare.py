@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.textfile import read_text
 
 Loader = Callable[[Path], Dict[str, Any]]
 MSRL_SOURCE = "mindspeed-rl log"
@@ -88,7 +89,7 @@ def load_run_dir(path: Path) -> Dict[str, Any]:
     """A run directory written by `asp train`/`asp demo`."""
     f = path / "summary.json"
     try:
-        data = json.loads(f.read_text())
+        data = json.loads(read_text(f))  # read_text names a line that is not UTF-8
     except ValueError as exc:
         raise InputError(f"not valid JSON: {exc}", path=str(f)) from None
     if not isinstance(data, dict):
@@ -189,10 +190,14 @@ def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]
 
 
 def handler(args: argparse.Namespace) -> int:
+    from mindspeed_asp.atomic import check_output_file, write_json
+
+    if args.json:
+        check_output_file(args.json, key="--json")  # before reading the runs
     table, runs = compare_runs(args.runs)
     print(table)
     if args.json:
-        Path(args.json).write_text(json.dumps(runs, indent=2))
+        write_json(args.json, runs, key="--json", indent=2)  # atomic: temp file + rename
     return 0
 
 

@@ -5,7 +5,8 @@ GRPO trainer, the synthetic demo task) once as MindSpeed-RL's default synchronou
 ASP (plan + bounded lag + work stealing), with the same prompts, seeds and number of trained samples, then
 prints the comparison table. By default ASP runs twice, with max_lag 1 and 2, so the table shows what a
 looser lag bound buys in throughput and costs in reward. Everything is written under --out: one run directory
-per variant (metrics, summary, plots) and compare.txt. A few minutes on 2 cores.
+per variant (metrics, summary, plots) and compare.txt; an --out that already holds them is refused unless
+--overwrite. A few minutes on 2 cores.
 
 A variant is a mode with optional `@key=value` settings of the `asp:` section, e.g. `asp@max_lag=2`; its run
 directory is named after it (`asp_max_lag2`).
@@ -41,16 +42,30 @@ def parse_variants(spec: str) -> List[Tuple[str, str, List[str]]]:
 
 
 def handler(args: argparse.Namespace) -> int:
+    from mindspeed_asp.atomic import check_output_dir, write_text
     from mindspeed_asp.commands.compare import compare_runs
     from mindspeed_asp.commands.train import build_config
-    from mindspeed_asp.runtime import ray_utils
-    from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
+    from mindspeed_asp.extras import require
+    from mindspeed_asp.run_dir import prepare_run_dir
 
+    require("asp demo")  # a core-only install gets the pip line, not a ModuleNotFoundError
     out = Path(args.out)
     variants = parse_variants(args.modes)
     # Every config is validated before Ray starts, so a bad override fails in a second, not minutes in.
     cfgs = [build_config(args.config, list(args.overrides) + extra, mode, str(out / name))
             for name, mode, extra in variants]
+    # So is the output: a demo directory that holds runs is refused unless --overwrite (checked for every
+    # variant before any is cleared, so a refusal removes nothing).
+    check_output_dir(out, key="--out")
+    if not args.overwrite:
+        for name, _, _ in variants:
+            prepare_run_dir(out / name, overwrite=False, key="--out")
+        prepare_run_dir(out, overwrite=False, key="--out", markers=("compare.txt",))
+    for name, _, _ in variants:
+        prepare_run_dir(out / name, overwrite=True, key="--out")
+    prepare_run_dir(out, overwrite=True, key="--out", markers=("compare.txt",))
+    from mindspeed_asp.runtime import ray_utils
+    from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
     # The engines' own log lines (vLLM start-up, per-sync reload notices) would bury the table: they stay in
     # Ray's session logs (/tmp/ray/session_latest/logs) unless --verbose; actor errors still reach us.
     ray_utils.start_local_ray(num_cpus=cfgs[0].run.ray_num_cpus, object_store_mb=cfgs[0].run.ray_object_store_mb,
@@ -65,7 +80,7 @@ def handler(args: argparse.Namespace) -> int:
     finally:
         ray_utils.stop_local_ray()
     table, _ = compare_runs([out / name for name, _, _ in variants])
-    (out / "compare.txt").write_text(table + "\n")
+    write_text(out / "compare.txt", table + "\n")
     print(table)
     print(f"runs, plots and compare.txt under {out}/")
     return 0
@@ -78,6 +93,8 @@ def register(subparsers) -> None:
     p.add_argument("--config", help="run config (default: the packaged tiny_cpu.yaml)")
     p.add_argument("--modes", default=DEFAULT_VARIANTS,
                    help=f"comma-separated variants, mode[@key=value...] (default {DEFAULT_VARIANTS})")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the runs already under --out (their run files and compare.txt are removed first)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--verbose", action="store_true", help="show the engines' own log lines (vLLM, Ray workers)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")

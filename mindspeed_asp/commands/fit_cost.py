@@ -12,11 +12,12 @@ tiny local Qwen2 model is created and used (CPU tier).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import List
+
+from mindspeed_asp.argtypes import MAX_COUNT, finite_float, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -25,13 +26,16 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, help="HF model directory (default: the tiny local Qwen2 model)")
     p.add_argument("--slots", default="1,4,16,64", help="comma-separated batch sizes (active sequences)")
     p.add_argument("--contexts", default="64,256,1024", help="comma-separated prompt lengths (tokens)")
-    p.add_argument("--decode-steps", type=int, default=16, help="decode steps timed per point (default 16)")
-    p.add_argument("--max-model-len", type=int, default=None, help="engine max_model_len (default: fits sweep)")
+    p.add_argument("--decode-steps", type=positive_int, default=16,
+                   help="decode steps timed per point (default 16)")
+    p.add_argument("--max-model-len", type=positive_int, default=None,
+                   help="engine max_model_len (default: fits sweep)")
     p.add_argument("--dtype", default="float32", help="engine dtype (default float32; bfloat16 on accelerators)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+    p.add_argument("--gpu-memory-utilization", type=finite_float(0.0, 1.0, lo_open=True), default=None,
                    help="vLLM memory share (default 0.05 on CPU, where it is the RAM share for KV; 0.8 otherwise)")
-    p.add_argument("--threads", type=int, default=1, help="CPU compute threads (default 1, as an instance)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="CPU compute threads (default 1, as an instance)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-o", "--output", required=True, help="output JSON (a, b, c, p, source, residuals, samples)")
     p.set_defaults(func=run)
@@ -44,26 +48,25 @@ def _int_list(text: str, flag: str) -> List[int]:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise InputError(f"expected comma-separated integers, got {text!r}", key=flag) from None
-    if not values or min(values) < 1:
-        raise InputError(f"expected positive integers, got {text!r}", key=flag)
+    if not values or min(values) < 1 or max(values) > MAX_COUNT:
+        raise InputError(f"expected integers between 1 and {MAX_COUNT}, got {text!r}", key=flag)
     return values
 
 
 def run(args: argparse.Namespace) -> int:
+    from mindspeed_asp.atomic import check_output_file, write_json
     from mindspeed_asp.errors import InputError
+    from mindspeed_asp.extras import require
 
     batches = _int_list(args.slots, "--slots")
     contexts = _int_list(args.contexts, "--contexts")
-    if args.decode_steps < 1:
-        raise InputError(f"must be >= 1, got {args.decode_steps}", key="--decode-steps")
     if len(batches) * len(contexts) * (args.decode_steps + 1) < 4:
         raise InputError("the sweep has fewer than 4 steps; add batch sizes, contexts or decode steps",
                          key="--slots")
     if args.model is not None and not (Path(args.model) / "config.json").exists():
         raise InputError("not a model directory (no config.json)", path=args.model, key="--model")
-    out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise InputError("output directory does not exist", path=str(out.parent), key="-o")
+    out = check_output_file(args.output, key="-o")  # before the engine starts
+    require("asp fit-cost", ("torch", "vllm"))  # a core-only install gets the pip line
 
     # the engine runs in this process, one compute thread unless told otherwise, like an instance actor
     from mindspeed_asp.runtime.platform import current_platform
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     doc["engine"]["threads"] = args.threads
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out, doc, key="-o", indent=2)  # atomic: temp file + rename
     r = doc["residuals"]
     print(f"a = {doc['a']:.3e} s   b = {doc['b']:.3e} s/seq   c = {doc['c']:.3e} s/KV-token   "
           f"p = {doc['p']:.3e} s/prefill-token")

@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Dict, List
+
+from mindspeed_asp.argtypes import any_float, finite_float, nonneg_float, positive_float, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -26,24 +27,25 @@ def register(subparsers) -> None:
     ev.add_argument("--estimator", default="history",
                     help="comma-separated estimators to compare: history, cold_start, oracle (default history)")
     ev.add_argument("--config", default=None, help="YAML with an asp: section; its asp.estimator is the base")
-    ev.add_argument("--recency-decay", type=float, default=None)
-    ev.add_argument("--max-epochs", type=int, default=None)
-    ev.add_argument("--quantile", type=float, default=None, help="group-max quantile q")
-    ev.add_argument("--sigma-shrinkage", type=float, default=None)
+    ev.add_argument("--recency-decay", type=finite_float(0.0, 1.0, lo_open=True), default=None)
+    ev.add_argument("--max-epochs", type=positive_int, default=None)
+    ev.add_argument("--quantile", type=finite_float(0.0, 1.0, lo_open=True, hi_open=True), default=None,
+                    help="group-max quantile q")
+    ev.add_argument("--sigma-shrinkage", type=nonneg_float, default=None)
     ev.add_argument("--no-drift", action="store_true", help="disable the global drift factor")
-    ev.add_argument("--max-new-tokens", type=int, default=None, help="default: the trace's cap")
+    ev.add_argument("--max-new-tokens", type=positive_int, default=None, help="default: the trace's cap")
     ev.add_argument("--json", default=None, help="write the metrics as JSON here")
     ev.set_defaults(func=_eval)
 
     sy = sub.add_parser("synth", help="write a synthetic length history and prompt dataset")
-    sy.add_argument("--prompts", type=int, required=True, help="number of prompt groups")
-    sy.add_argument("--epochs", type=int, required=True, help="history epochs to write (0 .. E-1)")
-    sy.add_argument("--n", type=int, default=8, help="samples per prompt")
-    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--prompts", type=positive_int, required=True, help="number of prompt groups")
+    sy.add_argument("--epochs", type=positive_int, required=True, help="history epochs to write (0 .. E-1)")
+    sy.add_argument("--n", type=positive_int, default=8, help="samples per prompt")
+    sy.add_argument("--seed", type=seed_int, default=0)
     sy.add_argument("--small", action="store_true", help="CPU demo regime (median 48, cap 384 tokens)")
-    sy.add_argument("--median", type=float, default=None, help="median response tokens")
-    sy.add_argument("--cap", type=int, default=None, help="max_new_tokens")
-    sy.add_argument("--trend", type=float, default=None, help="global drift of log-length per epoch")
+    sy.add_argument("--median", type=positive_float, default=None, help="median response tokens")
+    sy.add_argument("--cap", type=positive_int, default=None, help="max_new_tokens")
+    sy.add_argument("--trend", type=any_float, default=None, help="global drift of log-length per epoch")
     sy.add_argument("-o", "--output", required=True, help="history file (.parquet or .jsonl)")
     sy.add_argument("--dataset", default=None, help="prompt dataset (.jsonl); default <output>.prompts.jsonl")
     sy.add_argument("--truth", default=None,
@@ -88,10 +90,13 @@ def _resolve_trace(trace: str, target):
 
 
 def _eval(args) -> int:
+    from mindspeed_asp.atomic import check_output_file, write_json
     from mindspeed_asp.errors import InputError
     from mindspeed_asp.scheduler.estimators import make_estimator
     from mindspeed_asp.scheduler.length_metrics import evaluate
 
+    if args.json:
+        check_output_file(args.json, key="--json")  # before the evaluation
     wl = _resolve_trace(args.trace, args.target)
     cap = args.max_new_tokens or wl.max_new_tokens
     base = _section(args)
@@ -111,8 +116,7 @@ def _eval(args) -> int:
     if args.json:
         out = {"trace": wl.name, "groups": len(wl.prompts), "n": int(wl.truth.shape[1]), "max_new_tokens": cap,
                "estimator_section": base.model_dump(), "results": results}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out, key="--json", indent=2)
     return 0
 
 
@@ -135,16 +139,25 @@ def _table(trace: str, groups: int, n: int, cap: int, section, results: Dict[str
 
 
 def _synth(args) -> int:
+    from mindspeed_asp.atomic import check_output_file
     from mindspeed_asp.errors import InputError
+    from mindspeed_asp.memory_budget import check_fits, synthesis_bytes
     from mindspeed_asp.scheduler.history import LengthHistory
     from mindspeed_asp.workloads.prompts import save_prompt_set
     from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
-    if args.prompts < 1 or args.epochs < 1 or args.n < 1:
-        raise InputError("--prompts, --epochs and --n must be >= 1", key="--prompts")
+    # counts are >= 1 and numbers finite by their argparse types; outputs and size are checked before work
     out = Path(args.output)
     if out.suffix.lower() not in (".parquet", ".jsonl"):
-        raise InputError("output must end in .parquet or .jsonl", path=str(out))
+        raise InputError("output must end in .parquet or .jsonl", path=str(out), key="-o")
+    if args.truth and Path(args.truth).suffix.lower() not in (".parquet", ".jsonl"):
+        raise InputError("truth file must end in .parquet or .jsonl", path=args.truth, key="--truth")
+    dataset = Path(args.dataset) if args.dataset else out.with_name(out.stem + ".prompts.jsonl")
+    for path, key in ((out, "-o"), (dataset, "--dataset"), (args.truth, "--truth")):
+        if path:
+            check_output_file(path, key=key)
+    check_fits(synthesis_bytes(args.prompts, args.n, args.epochs + 1),
+               f"synthesising {args.prompts} prompts x n={args.n} x {args.epochs + 1} epochs", key="--prompts")
     kw = {}
     if args.median is not None:
         kw["median_tokens"] = args.median
@@ -159,8 +172,7 @@ def _synth(args) -> int:
     hist = LengthHistory()
     for e in tqdm(range(args.epochs), desc="synthesising epochs", file=sys.stderr, disable=None):
         hist.add_epoch(wl.prompts.prompt_ids, e, wl.lengths(e))
-    hist.save(out)
-    dataset = Path(args.dataset) if args.dataset else out.with_name(out.stem + ".prompts.jsonl")
+    hist.save(out)  # atomic writes (temp file + rename), as every file below
     save_prompt_set(wl.prompts, dataset)
     print(f"wrote {len(hist)} records ({args.prompts} prompts x {args.epochs} epochs, n={args.n}) to {out}")
     print(f"wrote {args.prompts} prompts to {dataset} (max_new_tokens={wl.max_new_tokens})")
@@ -173,8 +185,11 @@ def _synth(args) -> int:
 
 
 def _describe(args) -> int:
+    from mindspeed_asp.atomic import check_output_file, write_json
     from mindspeed_asp.workloads.synthetic import tail_statistics
 
+    if args.json:
+        check_output_file(args.json, key="--json")
     wl = _resolve_trace(args.trace, None)
     stats = tail_statistics(wl.truth)
     stats.update({"groups": float(len(wl.prompts)), "n": float(wl.truth.shape[1]),
@@ -184,5 +199,5 @@ def _describe(args) -> int:
     for k, v in stats.items():
         print(f"  {k:<{width}} {v:,.3f}" if not float(v).is_integer() else f"  {k:<{width}} {int(v):,}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"trace": wl.name, **stats}, indent=2) + "\n")
+        write_json(args.json, {"trace": wl.name, **stats}, key="--json", indent=2)
     return 0

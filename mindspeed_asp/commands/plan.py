@@ -11,9 +11,10 @@ or --truth-epoch). --config takes defaults from a YAML's `asp:` section; flags w
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Dict, Optional
+
+from mindspeed_asp.argtypes import nonneg_int, positive_float, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -22,20 +23,20 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", required=True, help="prompt dataset, JSON Lines with prompt_id and prompt_len")
     p.add_argument("--history", default=None, help="length history (.parquet or .jsonl)")
     p.add_argument("--config", default=None, help="YAML whose asp: section supplies defaults")
-    p.add_argument("--instances", type=int, default=None, help="inference instances N")
-    p.add_argument("--slots", type=int, default=None, help="max concurrent sequences per instance B")
-    p.add_argument("--minibatch", type=int, default=None, help="trainer minibatch M, in prompt groups")
+    p.add_argument("--instances", type=positive_int, default=None, help="inference instances N")
+    p.add_argument("--slots", type=positive_int, default=None, help="max concurrent sequences per instance B")
+    p.add_argument("--minibatch", type=positive_int, default=None, help="trainer minibatch M, in prompt groups")
     p.add_argument("--planner", default=None, help="asp (default) or a baseline: stock, random, sorted_asc, "
                    "sorted_desc, round_robin, least_loaded, verl_kk, lpt, oracle_asp, oracle_lpt, oracle_verl_kk")
-    p.add_argument("--groups-per-iteration", type=int, default=None,
+    p.add_argument("--groups-per-iteration", type=positive_int, default=None,
                    help="prompt groups per training iteration (default: the whole dataset is one iteration)")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--n", type=positive_int, default=8, help="samples per prompt (default 8)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="generation cap (default: the longest length in the history)")
     p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c[, p])")
-    p.add_argument("--rho", type=float, default=None, help="trainer work / rollout time (default 1.0)")
-    p.add_argument("--kv-budget", type=int, default=None, help="KV budget per instance, tokens")
-    p.add_argument("--max-lag", type=int, default=None,
+    p.add_argument("--rho", type=positive_float, default=None, help="trainer work / rollout time (default 1.0)")
+    p.add_argument("--kv-budget", type=positive_int, default=None, help="KV budget per instance, tokens")
+    p.add_argument("--max-lag", type=nonneg_int, default=None,
                    help="lag bound the plan will run under; ASP scores its candidates with it (default: "
                         "--config's asp.max_lag, else 1)")
     p.add_argument("--no-work-stealing", action="store_true",
@@ -44,20 +45,14 @@ def register(subparsers) -> None:
     p.add_argument("--estimator", default=None, choices=("history", "cold_start"),
                    help="length estimator (default history)")
     p.add_argument("--truth", default=None, help="true lengths for oracle_* planners (length-history file)")
-    p.add_argument("--truth-epoch", type=int, default=None, help="epoch of --truth to use (default: latest)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--truth-epoch", type=nonneg_int, default=None,
+                   help="epoch of --truth to use (default: latest)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--format", default=None, choices=("parquet", "jsonl"), help="default: from -o's suffix")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-o", "--output", required=True, help="plan file (.parquet or .jsonl)")
     p.set_defaults(func=run)
-
-
-def _positive(value: Optional[int], flag: str) -> None:
-    from mindspeed_asp.errors import InputError
-
-    if value is not None and value < 1:
-        raise InputError(f"must be >= 1, got {value}", key=flag)
 
 
 def read_cost(path: str):
@@ -88,8 +83,10 @@ def _truth_matrix(path: str, epoch: Optional[int], prompts):
 
 
 def run(args) -> int:
+    from mindspeed_asp.atomic import check_output_file, write_json
     from mindspeed_asp.config import AspSection, EstimatorSection, load_asp_section
     from mindspeed_asp.errors import InputError
+    from mindspeed_asp.memory_budget import check_fits, planning_bytes
     from mindspeed_asp.scheduler.build import estimate_lengths, build_plan
     from mindspeed_asp.scheduler.history import LengthHistory
     from mindspeed_asp.scheduler.plan import plan_format
@@ -105,24 +102,26 @@ def run(args) -> int:
     for value, flag in ((instances, "--instances"), (slots, "--slots"), (minibatch, "--minibatch")):
         if value is None:
             raise InputError("required (or give --config with an asp: section)", key=flag)
-    for value, flag in ((instances, "--instances"), (slots, "--slots"), (minibatch, "--minibatch"),
-                        (args.n, "--n"), (args.groups_per_iteration, "--groups-per-iteration"),
-                        (args.max_new_tokens, "--max-new-tokens"), (args.kv_budget, "--kv-budget")):
-        _positive(value, flag)
-    planner = args.planner or base.planner
+    planner = args.planner or base.planner  # a config's asp.planner was checked when the config was read
     if planner not in PLANNERS:
         raise InputError(f"unknown planner {planner!r}; choose one of: {', '.join(PLANNERS)}", key="--planner")
-    rho = args.rho if args.rho is not None else (base.rho or 1.0)
-    if rho <= 0:
-        raise InputError(f"must be > 0, got {rho}", key="--rho")
+    rho = args.rho if args.rho is not None else (base.rho or 1.0)  # both finite and > 0 (argtypes, config)
     max_lag = args.max_lag if args.max_lag is not None else base.max_lag
-    if max_lag < 0:
-        raise InputError(f"must be >= 0, got {max_lag}", key="--max-lag")
     work_stealing = False if args.no_work_stealing else bool(base.work_stealing)
-    plan_format(args.output, args.format)  # fail on a bad suffix before any work
+    # Every output is checked before any work: a bad -o fails now, not after the planning pass.
+    plan_format(args.output, args.format)
+    check_output_file(args.output, key="-o")
+    if args.json:
+        check_output_file(args.json, key="--json")
 
-    prompts = load_prompt_set(args.dataset, n=args.n)
     history_path = args.history or (asp.history_path if asp else None)
+    if history_path and not Path(history_path).is_file():
+        raise InputError("length history file not found", path=history_path,
+                         key="--history" if args.history else "asp.history_path")
+    prompts = load_prompt_set(args.dataset, n=args.n)
+    check_fits(planning_bytes(len(prompts), args.n, instances, slots),
+               f"planning {len(prompts)} groups x n={args.n} on {instances} instances x {slots} slots",
+               key="--instances/--slots/--n")
     history = LengthHistory.load(history_path) if history_path else None
     max_new = args.max_new_tokens
     if max_new is None:
@@ -157,11 +156,11 @@ def run(args) -> int:
                         cost=cost, rho=rho, kv_budget=args.kv_budget, seed=args.seed, provenance=provenance,
                         progress=False if args.no_progress else None, max_lag=max_lag,
                         work_stealing=work_stealing)
-    out = result.plan.save(args.output, args.format)
+    out = result.plan.save(args.output, args.format)  # atomic: temp file + rename
     summary = plan_summary(result, max_new)
     print(format_summary(summary, str(out)))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(args.json, summary, key="--json", indent=2)
     return 0
 
 

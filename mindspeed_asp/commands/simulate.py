@@ -7,18 +7,61 @@ occupancy, bubble breakdown, lag histogram) into --out. Heavy imports stay insid
 from __future__ import annotations
 
 import argparse
+from typing import List, Optional
+
+from mindspeed_asp.argtypes import MAX_SEED, nonneg_float, nonneg_int, positive_int
+
+#: Most seeds one command runs (each is a full simulation of every planner).
+MAX_SEEDS = 10_000
 
 
-def _seeds(text: str):
+def _seeds(text: str) -> List[int]:
     from mindspeed_asp.errors import InputError
 
     try:
         if "-" in text and "," not in text:
             lo, hi = (int(x) for x in text.split("-", 1))
-            return list(range(lo, hi + 1))
-        return [int(x) for x in text.split(",") if x.strip()]
+            if hi - lo + 1 > MAX_SEEDS:
+                raise InputError(f"{hi - lo + 1} seeds; at most {MAX_SEEDS}", key="--seeds")
+            seeds = list(range(lo, hi + 1))
+        else:
+            seeds = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise InputError(f"seeds must look like 0,1,2 or 0-4, got {text!r}", key="--seeds") from None
+    bad = [x for x in seeds if not 0 <= x <= MAX_SEED]
+    if bad:
+        raise InputError(f"seed {bad[0]} is out of range (0 .. {MAX_SEED})", key="--seeds")
+    return seeds
+
+
+def _workload_seed(spec: str) -> Optional[int]:
+    """The `seed=` a synthetic --workload names itself, if any."""
+    from mindspeed_asp.errors import InputError
+
+    if not spec.startswith("synthetic:"):
+        return None
+    for item in spec[len("synthetic:"):].split(","):
+        k, _, v = item.partition("=")
+        if k.strip() == "seed":
+            try:
+                return int(v)
+            except ValueError:
+                raise InputError(f"bad value {v.strip()!r} for seed", key="seed") from None
+    return None
+
+
+def resolve_seeds(spec: str, seeds_flag: Optional[str]) -> List[int]:
+    """The seeds to run: --seeds, or a synthetic workload's own `seed=` (honoured when --seeds is not given;
+    both at once is refused, since each seed redraws the workload and one of them would be ignored)."""
+    from mindspeed_asp.errors import InputError
+
+    own = _workload_seed(spec)
+    if own is not None and seeds_flag is not None:
+        raise InputError(f"the workload names seed={own} and --seeds {seeds_flag} is given; give the seed once "
+                         "(--seeds redraws the synthetic workload per seed)", key="--seeds")
+    if seeds_flag is None:
+        return [own] if own is not None else [0]
+    return _seeds(seeds_flag)
 
 
 def register(subparsers) -> None:
@@ -32,25 +75,27 @@ def register(subparsers) -> None:
                    help="synthetic:prompts=512,n=8,seed=0 | alpaca:<path> | splitwise:<path>")
     p.add_argument("--planners", default="asp,stock@stock,round_robin,sorted_asc,verl_kk,lpt,oracle_asp",
                    help="comma list, each NAME or NAME@MODE (mode stream|stock|single)")
-    p.add_argument("--instances", type=int, default=8)
-    p.add_argument("--slots", type=int, default=64, help="B, max concurrent sequences per instance")
-    p.add_argument("--kv-budget", type=int, default=None, help="KV tokens per instance (default unbounded)")
+    p.add_argument("--instances", type=positive_int, default=8)
+    p.add_argument("--slots", type=positive_int, default=64, help="B, max concurrent sequences per instance")
+    p.add_argument("--kv-budget", type=positive_int, default=None,
+                   help="KV tokens per instance (default unbounded)")
     p.add_argument("--kv-policy", choices=("preempt", "reserve"), default="preempt")
-    p.add_argument("--minibatch", type=int, default=32, help="M, groups per trainer update")
-    p.add_argument("--rho", type=float, default=1.0, help="trainer work / rollout lower bound")
-    p.add_argument("--overhead", type=float, default=0.0, help="fixed seconds per trainer update")
-    p.add_argument("--max-lag", type=int, default=1)
+    p.add_argument("--minibatch", type=positive_int, default=32, help="M, groups per trainer update")
+    p.add_argument("--rho", type=nonneg_float, default=1.0, help="trainer work / rollout lower bound")
+    p.add_argument("--overhead", type=nonneg_float, default=0.0, help="fixed seconds per trainer update")
+    p.add_argument("--max-lag", type=nonneg_int, default=1)
     p.add_argument("--stale-policy", choices=("wait", "drop", "regenerate"), default="wait",
                    help="stream mode: the trainer waits for old groups (no sample ever stale), or never waits and "
                         "drops / regenerates the groups that would break the lag bound")
-    p.add_argument("--sync-time", type=float, default=0.0, help="seconds per weight-sync round")
+    p.add_argument("--sync-time", type=nonneg_float, default=0.0, help="seconds per weight-sync round")
     p.add_argument("--mode", choices=("stream", "stock", "single"), default="stream")
     p.add_argument("--single-scaling", default=None,
                    help="speed-up curve of one m-device instance for mode single: power:E | amdahl:F | "
                         "table:1=1,2=1.7,...")
     p.add_argument("--estimator", choices=("history", "cold_start", "oracle"), default="history")
     p.add_argument("--cost-file", default=None, help="JSON with a, b, c, p (from `asp fit-cost`)")
-    p.add_argument("--seeds", default="0", help="e.g. 0,1,2 or 0-4")
+    p.add_argument("--seeds", default=None, help="e.g. 0,1,2 or 0-4 (default: the synthetic workload's own "
+                   "seed=, else 0; giving both is refused)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -58,22 +103,23 @@ def register(subparsers) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
     import numpy as np
 
+    from mindspeed_asp.atomic import check_output_dir, write_json
     from mindspeed_asp.errors import InputError
+    from mindspeed_asp.memory_budget import check_fits, planning_bytes
     from mindspeed_asp.types import CostModel
     from mindspeed_asp.sim import sweep
     from mindspeed_asp.sim.cost_fit import load_cost_json
 
-    for key, val, lo in (("--instances", args.instances, 1), ("--slots", args.slots, 1),
-                         ("--minibatch", args.minibatch, 1), ("--max-lag", args.max_lag, 0)):
-        if val < lo:
-            raise InputError(f"must be >= {lo}, got {val}", key=key)
-    if args.rho < 0 or args.overhead < 0 or args.sync_time < 0:
-        raise InputError("--rho, --overhead and --sync-time must be >= 0", key="--rho")
+    # ranges and finiteness of the numbers: argparse types (mindspeed_asp.argtypes)
+    out = check_output_dir(args.out, key="--out")  # before any simulation
+    seeds = resolve_seeds(args.workload, args.seeds)
+    if not seeds:
+        raise InputError("no seeds", key="--seeds")
+    # the slot-side footprint; the workload's own (groups x n) is checked when it is resolved
+    check_fits(planning_bytes(0, 0, args.instances, args.slots),
+               f"simulating {args.instances} instances x {args.slots} slots", key="--instances/--slots")
     planners = sweep.parse_planners(args.planners, args.mode)
     scaling = sweep.parse_scaling(args.single_scaling)
     if scaling is None and any(m == "single" for _, _, m in planners):
@@ -84,11 +130,6 @@ def handle(args: argparse.Namespace) -> int:
                             minibatch=args.minibatch, rho=args.rho, max_lag=args.max_lag, mode=args.mode,
                             sync_time=args.sync_time, overhead=args.overhead, estimator=args.estimator,
                             stale_policy=args.stale_policy, cost=cost, single_scaling=scaling)
-    seeds = _seeds(args.seeds)
-    if not seeds:
-        raise InputError("no seeds", key="--seeds")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     try:
         results = sweep.compare(args.workload, planners, cfg, seeds, progress=not args.quiet)
     except ValueError as exc:  # planner/simulator refusals on this input
@@ -106,7 +147,7 @@ def handle(args: argparse.Namespace) -> int:
         "mean": rows,
         "runs": {label: [r.summary() for r in rs] for label, rs in results.items()},
     }
-    (out / "simulate.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    write_json(out / "simulate.json", payload, key="--out", indent=2, default=float)  # atomic
     files = [out / "simulate.json"]
     if not args.no_plots:
         from mindspeed_asp.sim import plots

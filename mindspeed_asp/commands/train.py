@@ -4,7 +4,8 @@ One full run. The config is validated (unknown key, wrong type, impossible value
 before Ray starts; the run shows a progress bar (step, reward, lag, queue, tokens/s), writes metrics.jsonl,
 summary.json, trace.json and plots under the output directory. It starts and stops its own local Ray, or with
 `--ray-address` (`run.ray_address`) runs its rollout instances on an existing, possibly multi-node, Ray
-cluster and only disconnects from it at the end.
+cluster and only disconnects from it at the end. An output directory that already holds a run is refused
+unless `--overwrite`; the engines' own log lines are shown only with `--verbose`.
 """
 from __future__ import annotations
 
@@ -61,11 +62,30 @@ def _check_plan(cfg, path: str) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from mindspeed_asp.runtime.driver import run_training
+    from mindspeed_asp.extras import require
+    from mindspeed_asp.run_dir import prepare_run_dir
 
+    require("asp train")  # a core-only install gets the pip line, not a ModuleNotFoundError
     cfg = build_config(args.config, args.overrides, args.mode, args.out, args.ray_address)
     out = Path(cfg.run.out)
-    summary = run_training(cfg, out, progress=not args.quiet)
+    # Refused before Ray starts: a directory holding a run (its rollout log would be appended to).
+    prepare_run_dir(out, args.overwrite, key="--out" if args.out else "run.out")
+    from mindspeed_asp.runtime import ray_utils
+    from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
+    from mindspeed_asp.runtime.platform import current_platform, platform_from_name
+
+    local = cfg.run.ray_address is None
+    if local:
+        # As in `asp demo`: the engines' own log lines (vLLM start-up and warnings, per-sync reload notices)
+        # stay in Ray's session logs unless --verbose; actor errors still reach us.
+        plat = platform_from_name(cfg.run.platform) if cfg.run.platform else current_platform()
+        ray_utils.start_local_ray(num_cpus=cfg.run.ray_num_cpus, object_store_mb=cfg.run.ray_object_store_mb,
+                                  platform=plat, env=QUIET_ENV, log_to_driver=bool(args.verbose))
+    try:
+        summary = run_training(cfg, out, progress=not args.quiet)
+    finally:
+        if local:
+            ray_utils.stop_local_ray()
     print(format_summary(summary, out))
     return 0
 
@@ -89,6 +109,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="output directory (overrides run.out)")
     p.add_argument("--ray-address", help="run on this existing Ray cluster ('auto', 'host:port'; overrides "
                    "run.ray_address); default: start a local Ray and stop it afterwards")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in the output directory (its run files are removed first)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="show the engines' own log lines (vLLM, Ray workers)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="config overrides")
     p.set_defaults(func=handler)

@@ -122,13 +122,17 @@ def validate_semantics(cfg: RunConfig, path: str, devices: Optional[int] = None)
         raise ConfigError(f"minibatch of {cfg.asp.minibatch_groups} groups exceeds the "
                           f"{cfg.data.num_prompts} prompts of the dataset", path=path, key="asp.minibatch_groups")
     if cfg.data.n > cfg.asp.slots:
-        raise ConfigError(f"a group of n={cfg.data.n} samples does not fit {cfg.asp.slots} slots", path=path,
-                          key="asp.slots")
+        raise ConfigError(f"a group of n={cfg.data.n} samples does not fit asp.slots={cfg.asp.slots} slots",
+                          path=path, key="data.n")
     if cfg.data.max_new_tokens >= cfg.model.max_model_len:
         raise ConfigError(f"max_new_tokens={cfg.data.max_new_tokens} leaves no room for the prompt in "
                           f"max_model_len={cfg.model.max_model_len}", path=path, key="data.max_new_tokens")
     if cfg.asp.plan_path is not None and not Path(cfg.asp.plan_path).is_file():
         raise ConfigError(f"plan file {cfg.asp.plan_path!r} not found", path=path, key="asp.plan_path")
+    # Input files named in the config must exist: a missing history would silently mean a cold start.
+    for key, value in (("asp.history_path", cfg.asp.history_path), ("asp.cost.file", cfg.asp.cost.file)):
+        if value is not None and not Path(value).is_file():
+            raise ConfigError(f"file {value!r} not found", path=path, key=key)
     return cfg
 
 
@@ -143,7 +147,9 @@ def config_from_dict(data: Dict[str, Any], path: str = "<dict>", overrides: Opti
         return validate_semantics(cfg, path, devices)
     except ConfigError as exc:
         # A key set on the command line is named as such, so nobody searches the file for it.
-        culprit = next((o for o in overrides or [] if exc.key and o.split("=", 1)[0].strip() == exc.key), None)
+        # A cross-field error names its key and quotes the other as `key=value`; either may be the override.
+        culprit = next((o for o in overrides or [] if exc.key and (o.split("=", 1)[0].strip() == exc.key
+                        or f"{o.split('=', 1)[0].strip()}=" in str(exc))), None)
         if culprit is None:
             raise
         err = ConfigError(f"{exc} (from the command-line override {culprit!r})")
