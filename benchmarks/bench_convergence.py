@@ -36,6 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from _results import command_line, write_results
+
 #: run kinds -> overrides of the tiny config
 RUN_KINDS: Dict[str, List[str]] = {
     "stock": ["asp.mode=stock"],
@@ -316,12 +318,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             ray_utils.stop_local_ray()
     a = analyze({k: v for k, v in results.items() if v}, args.target)
-    a["command"] = "python benchmarks/bench_convergence.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    a["command"] = command_line(__file__, argv if argv is not None else sys.argv[1:])
     a["report"] = print_report(a)
     plot(a, Path(args.plot) if args.plot else out / "convergence.png")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(a, indent=1, default=float))
+        write_results(args.json, a, __file__, argv, indent=1)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

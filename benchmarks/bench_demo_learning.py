@@ -15,7 +15,8 @@ import json
 import random
 import sys
 import time
-from pathlib import Path
+
+from _results import write_results
 
 
 def main(argv=None) -> int:
@@ -80,8 +81,7 @@ def main(argv=None) -> int:
                "seconds": time.time() - t0, "window": k}
     print(json.dumps(summary))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+        write_results(args.out, {"summary": summary, "rows": rows}, __file__, argv, indent=1)
     return 0
 
 

@@ -13,8 +13,6 @@ mean over seeds of rollout makespan and end-to-end time (streaming, bounded lag)
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +24,7 @@ from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
+from _results import write_results
 
 ORDER = ["stock", "random", "round_robin", "least_loaded", "sorted_asc", "sorted_desc", "verl_kk", "lpt", "asp",
          "oracle_verl_kk", "oracle_lpt", "oracle_asp"]
@@ -88,7 +87,9 @@ def main() -> None:
         rows["_ratios"] = {"asp_vs_lpt": asp_vs_lpt, "oracle_asp_vs_oracle_lpt": oracle}
         report[str(rho)] = rows
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        setup = {"groups": args.groups, "instances": args.instances, "slots": args.slots,
+                 "minibatch": args.minibatch, "seeds": args.seeds, "max_lag": args.max_lag}
+        write_results(args.json, {"setup": setup, "rho": report}, __file__)
 
 
 if __name__ == "__main__":

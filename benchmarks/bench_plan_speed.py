@@ -17,7 +17,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -27,6 +26,7 @@ from pathlib import Path  # noqa: E402
 from mindspeed_asp.config import EstimatorSection  # noqa: E402
 from mindspeed_asp.scheduler.build import build_plan, estimate_lengths  # noqa: E402
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload  # noqa: E402
+from _results import write_results  # noqa: E402
 
 N = 8
 
@@ -108,7 +108,8 @@ def main() -> None:
               f"plan wall {r['plan_one_window_wall_s']:.3f}s, load average {os.getloadavg()[0]:.1f}")
         targets.append({**r, "limit_s": limit, "ok": ok == "OK"})
     if args.json:
-        Path(args.json).write_text(json.dumps({"sizes": rows, "targets": targets}, indent=2) + "\n")
+        write_results(args.json, {"load_average": os.getloadavg()[0], "sizes": rows, "targets": targets},
+                      __file__)
 
 
 if __name__ == "__main__":

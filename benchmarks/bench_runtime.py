@@ -11,7 +11,8 @@ Same prompts, seeds and number of trained samples in every run. Prints and write
 5. the simulator's prediction for the same config (cost parameters fitted from the instances' own
    timings) against the measured iteration time.
 
-    .venv/bin/python benchmarks/bench_runtime.py --out runs/bench_runtime [--seeds 0,1,2] [--skip-sim]
+    .venv/bin/python benchmarks/bench_runtime.py --out runs/bench_runtime [--seeds 0,1,2] [--skip-sim] \
+        [--json benchmarks/results/runtime_tiny_cpu.json]
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import numpy as np
+
+from _results import write_results
 
 
 def run_one(name: str, out: Path, overrides: List[str], config: str | None) -> Dict[str, Any]:
@@ -104,6 +107,7 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench_runtime")
     ap.add_argument("--config", default=None, help="run config (default: packaged tiny_cpu.yaml)")
     ap.add_argument("--seeds", default="0,1,2", help="seeds for the convergence comparison")
+    ap.add_argument("--json", default=None, help="also write the results here (benchmarks/results/...)")
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--analyze-only", action="store_true",
                     help="recompute the results from the run directories already under --out")
@@ -189,7 +193,8 @@ def main(argv: List[str] | None = None) -> int:
 
     plot_reward_curves({f"{k} seed {s}": c for k, v in conv.items() for s, c in v["curves"].items()},
                        out / "reward_curves.png", xlabel="update (same trained samples per update)")
-    (out / "bench_runtime.json").write_text(json.dumps(result, indent=2, default=float))
+    for path in [out / "bench_runtime.json"] + ([args.json] if args.json else []):
+        write_results(path, result, __file__, argv)
     print(table)
     print(json.dumps({k: v for k, v in result.items() if k not in ("table", "convergence")}, indent=2, default=float))
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "curves"} for k, v in conv.items()}, indent=2))

@@ -4,8 +4,9 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/bench_schedulers.py --out benchmarks/results/schedulers
 
-It prints tables, writes `results.json` and `results.md` (the markdown section recorded in docs/simulator.md)
-into --out. Every number in one table comes from the same workloads, estimates, trainer and seeds.
+It prints tables and writes `results.json` (docs/benchmarks.md section 3 is generated from it by
+benchmarks/render_docs.py) and `results.md` into --out. Every number in one table comes from the same
+workloads, estimates, trainer and seeds.
 
 Sections:
 1. rollout makespan vs its lower bound R_LB, rollout only (mode stock: no lag gate; the planners are told
@@ -20,7 +21,6 @@ Sections:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -30,6 +30,7 @@ from typing import Dict, List
 import numpy as np
 
 from mindspeed_asp.sim import sweep
+from _results import public_arg, write_results
 from mindspeed_asp.sim.train_time import trainer_for_rho
 
 BASELINES = ["stock", "random", "round_robin", "sorted_asc", "sorted_desc", "least_loaded", "verl_kk", "lpt"]
@@ -100,7 +101,8 @@ def main(argv=None) -> int:
     progress = not args.quiet
     wls = workloads(args.quick)
     t_start = time.time()
-    report: Dict[str, object] = {"seeds": seeds, "workloads": {k: v["spec"] for k, v in wls.items()},
+    report: Dict[str, object] = {"seeds": seeds,
+                                 "workloads": {k: public_arg(str(v["spec"])) for k, v in wls.items()},
                                  "commit": _commit()}
     md: List[str] = [f"Code at commit {report['commit']}; seeds {seeds}; workloads: "
                      + ", ".join(f"{k} = `{Path(str(v['spec'])).name if ':/' in str(v['spec']) else v['spec']}`"
@@ -275,7 +277,7 @@ def main(argv=None) -> int:
     md.extend(f"- {c}" for c in checks)
     text = "\n".join(md) + "\n"
     (out / "results.md").write_text(text)
-    (out / "results.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    write_results(out / "results.json", report, __file__, argv)
     print(text)
     print(f"wrote {out / 'results.md'} and {out / 'results.json'} in {report['seconds']:.0f} s", file=sys.stderr)
     return 0

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Tuple
 
+from _results import write_results
+
 EMBED_ROWS, HIDDEN = 152064, 3584  # Qwen2.5-7B's embedding
 
 
@@ -146,8 +148,7 @@ def main(argv=None) -> int:
         doc = checksum_cost(args.checksum_mb, args.checksum_device)
         _print_checksum_cost(doc)
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+            write_results(args.out, doc, __file__, argv)
         return 0
 
     import ray
@@ -212,8 +213,7 @@ def main(argv=None) -> int:
            "median_round_busy_s": med(True), "rounds": rows}
     print(json.dumps({k: v for k, v in doc.items() if k != "rounds"}, indent=2))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+        write_results(args.out, doc, __file__, argv)
     return 0
 
 
