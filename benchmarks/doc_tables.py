@@ -1,0 +1,354 @@
+"""Markdown tables of docs/benchmarks.md, one function per results file (registered in render_docs.py).
+
+Each function takes the parsed `benchmarks/results/<file>.json` and returns the Markdown body of its
+generated block: tables, and the target lines whose verdict depends on a number. The block's header (the
+command, date and commit) is added by render_docs.py. Nothing here measures anything.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Sequence
+
+Json = Mapping[str, Any]
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table; cells are str()-ed as given."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def num(v: Any, digits: int = 3) -> str:
+    """A number with `digits` decimals; NaN and missing values as '-'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.{digits}f}"
+
+
+def pct(v: float, digits: int = 1, sign: bool = False) -> str:
+    """A fraction (0.123) as a percentage ('12.3%')."""
+    return f"{100 * v:{'+' if sign else ''}.{digits}f}%"
+
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+# ------------------------------------------------------------------------------ 1. length estimation
+def _estimator_rows(results: Json, kinds: Sequence[str]) -> List[List[str]]:
+    return [[k, num(results[k]["mae"], 1), num(results[k]["bias"], 1), num(results[k]["kendall_tau"]),
+             num(results[k]["spearman"]), num(results[k]["group_max_coverage"])] for k in kinds if k in results]
+
+
+def lengths(d: Json) -> str:
+    out: List[str] = []
+    head = ["estimator", "MAE (tokens)", "bias", "Kendall tau", "Spearman", "group-max coverage (q = 0.8)"]
+    alpaca = d["alpaca"]
+    if "skipped" in alpaca:
+        out.append(f"Alpaca trace: not measured ({alpaca['skipped']}).")
+    else:
+        est = alpaca["estimators"]
+        tau = est["history"]["kendall_tau"]
+        out += ["**Alpaca trace**, predicting the t = 0.7 response from the other three:", "",
+                table(head, _estimator_rows(est, ("history", "cold_start", "oracle"))), "",
+                f"Target Kendall tau >= 0.6 (history): {verdict(tau >= 0.6)} ({tau:.3f}).", "",
+                "History estimator variants on the same trace:", "",
+                table(["flags", "MAE", "Kendall tau", "Spearman", "coverage (q = 0.8)"],
+                      [[label, num(m["mae"], 1), num(m["kendall_tau"]), num(m["spearman"]),
+                        num(m["group_max_coverage"])] for label, m in alpaca["history_variants"].items()]), ""]
+    syn = d["synthetic"]
+    out += [f"**Synthetic RL regime** (`{syn['spec']}`):", "",
+            table(head, _estimator_rows(syn["estimators"], ("history", "cold_start", "oracle"))), ""]
+    tr = d["synthetic_trend"]
+    out += [f"With a strong global trend (`{tr['spec']}`), history estimator with and without the drift factor:",
+            "", table(["drift factor", "MAE", "bias", "coverage (q = 0.8)"],
+                      [[label, num(tr[key]["mae"], 1), num(tr[key]["bias"], 1), num(tr[key]["group_max_coverage"])]
+                       for label, key in (("on", "drift"), ("off (`--no-drift`)", "no_drift"))]), ""]
+    cal = d["calibration"]
+    out += [f"Group-max calibration ({cal['workload']}):", "",
+            table(["q", "coverage"], [[q, num(c)] for q, c in cal["coverage_by_q"].items()]), ""]
+    sh = syn["predicted_epoch_shape"]
+    out += [f"Shape of the synthetic workload's predicted epoch: tail_time_share {sh['tail_time_share']:.2f}, "
+            f"tail_token_share {sh['tail_token_share']:.2f}, max/mean {sh['max_over_mean']:.1f}, "
+            f"p99/median {sh['p99_over_median']:.1f}.", ""]
+    sp = d["speed"]
+    out.append(f"Speed: `HistoryEstimator().estimate` on {sp['prompts']:,} prompts x {sp['epochs']} epochs x "
+               f"n = {sp['n']} ({sp['samples']:,} samples): {sp['estimate_cpu_s']:.2f} CPU s.")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ 2. offline pass speed
+def plan_speed(d: Json) -> str:
+    rows = [[f"{r['samples']:,}", f"{r['groups']:,}", r["instances"], num(r["estimate_s"]),
+             num(r["plan_one_window_s"]), f"{num(r['plan_windows_s'])} ({r['iterations']})",
+             num(r["save_parquet_s"]), f"**{num(r['total_s'])}**", r["growth_exponent"] or "-",
+             num(r["pred_above_bound_pct"], 2)] for r in d["sizes"]]
+    targets = [[f"{t['groups']:,} groups of 8 over {t['instances']} instances",
+                f"**{num(t['total_s'])}** (estimate {num(t['estimate_s'])}, plan {num(t['plan_one_window_s'])}, "
+                f"Parquet {num(t['save_parquet_s'])})", num(t["plan_one_window_wall_s"]),
+                f"<= {t['limit_s']} s: {verdict(t['ok'])}"] for t in d["targets"]]
+    return "\n".join([
+        table(["case", "estimate + plan + save (CPU s, one core)", "plan wall s", "target"], targets), "",
+        f"Growth with input size (CPU seconds; load average {d['load_average']:.1f} at the end of the run):", "",
+        table(["samples", "groups", "instances", "estimate", "plan (one window)", "plan (windows of 1024)",
+               "save", "total", "growth", "+bound %"], rows)])
+
+
+# ------------------------------------------------------------------------------ 2b. plan quality
+def plan_quality(d: Json) -> str:
+    s = d["setup"]
+    out = [f"{s['groups']} groups x 8 on {s['instances']} instances x {s['slots']} slots, M = {s['minibatch']}, "
+           f"max_lag = {s['max_lag']}, mean of {s['seeds']} seeds; ratios to `stock` in the same run.", ""]
+    for rho, rows in d["rho"].items():
+        r = rows["_ratios"]
+        out += [f"rho = {rho}:", "",
+                table(["planner", "rollout s", "vs stock", "% above R_LB", "skewness", "first minibatch s",
+                       "e2e s", "e2e vs stock"],
+                      [[name, num(v["rollout"], 1), num(v["rollout_vs_stock"]), num(v["rollout_above_pct"], 1),
+                        num(v["skewness"]), num(v["first_minibatch"], 1), num(v["e2e"], 1), num(v["e2e_vs_stock"])]
+                       for name, v in rows.items() if name != "_ratios"]), "",
+                f"Per-seed mean e2e ratio: asp/lpt {r['asp_vs_lpt']:.3f}, oracle_asp/oracle_lpt "
+                f"{r['oracle_asp_vs_oracle_lpt']:.3f}.", ""]
+    return "\n".join(out).rstrip()
+
+
+# ------------------------------------------------------------------------------ 3. simulated schedules
+_NOT_BASELINES = {"asp", "oracle_asp", "stock@stock"}
+
+
+def _e2e_rows(d: Json) -> List[Dict[str, Any]]:
+    """One record per (workload, lag, rho, stealing) of section 2, with the quantities the targets use."""
+    out = []
+    for key, e in d["e2e"].items():
+        r = e["results"]
+        base = {p: m["time/iteration"] for p, m in r.items() if p not in _NOT_BASELINES}
+        best = min(base, key=base.get)
+        a, asp = r["asp"]["time/iteration"], r["asp"]
+        floor = max(asp["bound:e2e/first_minibatch_LB"], asp["bound:rollout/R_LB"] - asp["bound:train/total"]) / a
+        workload, lag, rho, _ = key.split("/")
+        out.append({"workload": workload, "lag": int(lag.split("=")[1]), "rho": float(rho.split("=")[1]),
+                    "steal": bool(e["work_stealing"]), "asp": a, "oracle": r["oracle_asp"]["time/iteration"],
+                    "best_name": best, "best": base[best], "stock": r["stock@stock"]["time/iteration"],
+                    "above": asp["above:time/iteration"], "sort_asp": asp["bubble/sorting"],
+                    "sort_asc": r["sorted_asc"]["bubble/sorting"], "floor": floor, "steals": asp["rollout/steals"]})
+    return out
+
+
+def _rollout_targets(d: Json) -> str:
+    rows = []
+    for name, rr in d["rollout"].items():
+        ns, st = rr["no_steal"], rr["steal"]
+        rows.append([name, f"{ns['oracle_asp']['above:time/rollout']:.1f}%",
+                     f"{ns['asp']['above:time/rollout']:.1f}%", f"**{st['asp']['above:time/rollout']:.1f}%**",
+                     f"{st['stock']['above:time/rollout']:.1f}%"])
+    return table(["workload", "oracle ASP", "history ASP, no stealing", "history ASP, work stealing",
+                  "stock order, stealing"], rows)
+
+
+def _stock_matrix(rows: List[Dict[str, Any]]) -> str:
+    syn = [r for r in rows if r["workload"] == "synthetic" and r["steal"]]
+    rhos = sorted({r["rho"] for r in syn})
+    out = []
+    for lag in sorted({r["lag"] for r in syn}, reverse=True):
+        cells = []
+        for rho in rhos:
+            r = next(x for x in syn if x["lag"] == lag and x["rho"] == rho)
+            v = r["asp"] / r["stock"] - 1
+            cells.append(f"**{pct(v, sign=True)}**" if v <= -0.15 else pct(v, sign=True))
+        out.append([str(lag)] + cells)
+    return table(["max_lag"] + [f"rho {rho}" for rho in rhos], out)
+
+
+def _best_baseline_summary(rows: List[Dict[str, Any]]) -> str:
+    lines = []
+    for steal in (True, False):
+        sub = [r for r in rows if r["steal"] == steal]
+        met = [r for r in sub if r["asp"] <= 1.02 * r["best"]]
+        oracle = [r for r in sub if r["oracle"] <= r["best"]]
+        misses = "; ".join(f"{r['workload']} lag {r['lag']} rho {r['rho']} {pct(r['asp'] / r['best'] - 1, sign=True)} "
+                           f"(vs {r['best_name']})" for r in sub if r not in met)
+        missed = len(sub) - len(met)
+        lines.append(f"- stealing {'on' if steal else 'off'}: met in {len(met)} of {len(sub)} regimes"
+                     + (f", **missed** in {missed}" if missed else " (**met**)")
+                     + f"; oracle ASP at or below the best baseline in {len(oracle)} of {len(sub)}"
+                     + (f". Misses: {misses}." if misses else "."))
+    return "\n".join(lines)
+
+
+def _sorting_summary(rows: List[Dict[str, Any]]) -> str:
+    met = [r for r in rows if r["sort_asp"] <= r["sort_asc"] / 3 + 1e-12]
+    unreachable = [r for r in rows if r["floor"] > r["sort_asc"] / 3]
+    below = [r for r in rows if r["sort_asp"] < r["sort_asc"]]
+    return (f"met in {len(met)} of {len(rows)} regimes ({verdict(len(met) == len(rows))} overall); unreachable "
+            f"by the floor in {len(unreachable)}; "
+            f"ASP below sorted_asc but not by 3x in {len(below) - len(met)}.")
+
+
+def _full_tables(d: Json, rows: List[Dict[str, Any]]) -> List[str]:
+    out = ["#### Rollout makespan vs lower bound (rollout only, 8 x 64; without and with work stealing)", "",
+           table(["workload", "planner", "R no steal (s)", "% above R_LB", "R steal (s)", "% above R_LB", "steals",
+                  "R_LB (s)", "skewness (steal)"],
+                 [[w, p, num(ns[p]["time/rollout"], 1), f"{ns[p]['above:time/rollout']:.1f}%",
+                   num(st[p]["time/rollout"], 1), f"{st[p]['above:time/rollout']:.1f}%",
+                   num(st[p]["rollout/steals"], 1), num(st[p]["bound:rollout/R_LB"], 1),
+                   pct(st[p]["bubble/skewness"])]
+                  for w, rr in d["rollout"].items() for ns, st in [(rr["no_steal"], rr["steal"])] for p in st]), "",
+           "#### End-to-end iteration time, streaming with bounded lag (8 x 64, history estimates)", "",
+           table(["workload", "rho", "max_lag", "stealing", "ASP (s)", "oracle ASP (s)", "best baseline (s)",
+                  "stock pipeline (s)", "ASP vs best", "ASP vs stock", "ASP % above e2e LB",
+                  "sorting bubble ASP / sorted_asc", "sorting floor", "ASP steals"],
+                 [[r["workload"], r["rho"], r["lag"], "on" if r["steal"] else "off", num(r["asp"], 1),
+                   num(r["oracle"], 1), f"{num(r['best'], 1)} ({r['best_name']})", num(r["stock"], 1),
+                   pct(r["asp"] / r["best"] - 1, sign=True), pct(r["asp"] / r["stock"] - 1, sign=True),
+                   f"{r['above']:.1f}%", f"{pct(r['sort_asp'])} / {pct(r['sort_asc'])}", pct(r["floor"]),
+                   f"{r['steals']:.0f}"] for r in rows]), ""]
+    planners = ("asp", "verl_kk", "lpt", "sorted_asc", "stock", "stock@stock")
+    out += ["#### Cost of a tight lag bound (synthetic, rho = 1.0, stream)", "",
+            table(["max_lag", "ASP (s)", "verl_kk (s)", "lpt (s)", "sorted_asc (s)", "stock order (s)",
+                   "stock pipeline (s)", "ASP lag mean", "ASP lag max", "sorting bubble ASP / sorted_asc"],
+                  [[lag] + [num(r[p]["time/iteration"], 1) for p in planners]
+                   + [num(r["asp"]["lag/mean"], 2), f"{r['asp']['lag/max']:.0f}",
+                      f"{pct(r['asp']['bubble/sorting'])} / {pct(r['sorted_asc']['bubble/sorting'])}"]
+                   for lag, r in d["lag_sweep"].items()]), "",
+            "#### Stale-sample policies under a tight bound (synthetic, rho = 1.0, ASP plan, stream)", "",
+            table(["max_lag", "stale policy", "iteration (s)", "rollout (s)", "lag max", "regenerated groups",
+                   "dropped samples"],
+                  [key.split("/") + [num(r["time/iteration"], 1), num(r["time/rollout"], 1), f"{r['lag/max']:.0f}",
+                                     num(r["lag/regenerated_groups"], 1), num(r["lag/stale_dropped"], 1)]
+                   for key, r in d["stale_policies"].items()]), "",
+            "#### Scaling (synthetic; trainer fixed at rho = 0.3 of R_LB at 8 instances; single = one instance "
+            "with all devices, speed-up amdahl:0.1)", "",
+            table(["instances", "ASP stream (s)", "stock (s)", "single big instance (s)", "single / ASP"],
+                  [[m, num(v["asp"], 1), num(v["stock@stock"], 1), num(v["stock@single"], 1),
+                    f"{v['stock@single'] / v['asp']:.2f}x"] for m, v in d["scaling"].items()])]
+    return out
+
+
+def schedulers(d: Json) -> str:
+    rows = _e2e_rows(d)
+    rollout_ok = all(rr["steal"]["asp"]["above:time/rollout"] <= 15 and
+                     rr["steal"]["oracle_asp"]["above:time/rollout"] <= 5 for rr in d["rollout"].values())
+    out = [f"Seeds {d['seeds']}; workloads: " + ", ".join(f"{k} = `{v}`" for k, v in d["workloads"].items()) + ".",
+           "", "**Rollout makespan above its lower bound R_LB** (target: <= 5% with oracle lengths, <= 15% with "
+           f"history estimates; with stealing on every workload: {verdict(rollout_ok)}):", "",
+           _rollout_targets(d), "",
+           "**End to end, synthetic, streaming with stealing: ASP vs the stock pipeline** (target: at least 15% "
+           "below, in bold where met):", "", _stock_matrix(rows), "",
+           "**ASP against the best non-oracle baseline** (target: at or below it, within 2%):", "",
+           _best_baseline_summary(rows), "",
+           "**Sorting bubble of ASP at most a third of sorted-ascending dispatch**: " + _sorting_summary(rows), ""]
+    if "speed" in d:
+        out += ["**Simulator speed** (64 instances x 64 slots, 10^5 groups of 8, round-robin plan; target <= 30 s): "
+                + ", ".join(f"{k.replace('/lag=', ' max_lag ')} {v:.1f} s" for k, v in d["speed"].items())
+                + f": {verdict(max(d['speed'].values()) <= 30)}.", ""]
+    return "\n".join(out + _full_tables(d, rows))
+
+
+# ------------------------------------------------------------------------------ 4. runtime, tiny CPU
+_RUNS = (("async_lag1", "async, max_lag 1"), ("asp_lag1", "asp, max_lag 1"), ("asp_lag2", "asp, max_lag 2"))
+
+
+def _ratio_table(d: Json) -> str:
+    rs = d["ratios_over_seeds"]
+    return table(["mode", "seeds", "e2e_tps vs stock", "iteration-time speed-up"],
+                 [[label, rs[k]["seeds"], f"{rs[k]['e2e_tps_x_mean']:.2f}x +- {rs[k]['e2e_tps_x_std']:.2f}",
+                   f"{rs[k]['iteration_speedup_x_mean']:.2f}x +- {rs[k]['iteration_speedup_x_std']:.2f}"]
+                  for k, label in _RUNS if k in rs])
+
+
+def _preformatted(text: str) -> str:
+    """A fenced block of `text` without trailing blanks (an editor that strips them must not break --check)."""
+    return "```\n" + "\n".join(line.rstrip() for line in text.strip("\n").splitlines()) + "\n```"
+
+
+def runtime(d: Json) -> str:
+    rs = d["ratios_over_seeds"]
+    target = "; ".join(f"{label}: {rs[k]['e2e_tps_x_mean']:.2f}x, {verdict(rs[k]['e2e_tps_x_mean'] >= 1.3)}"
+                       for k, label in _RUNS if k.startswith("asp") and k in rs)
+    conv, lb = d["convergence"], d["length_bias"]
+    sim = d.get("simulator", {})
+    out = ["**Throughput** (`throughput/e2e_tps`, MindSpeed-RL's definition), ratios paired by seed, mean +- std "
+           "over seeds:", "", _ratio_table(d), "",
+           f"Target `asp >= 1.3x stock` (mean e2e_tps ratio): {target}.", "",
+           "Seed 0 side by side (`asp compare`):", "", _preformatted(d["table"]), "",
+           "**Bubbles** (seed 0; docs/design.md section 5 definitions):", "",
+           table(["run", "bubble/padding", "bubble/skewness", "bubble/sorting"],
+                 [[name, num(b["bubble/padding"]), num(b["bubble/skewness"]), num(b["bubble/sorting"])]
+                  for name, b in d["bubbles"].items()]), "",
+           "**Lag distribution** (trained samples, seed 0):", "",
+           table(["run", "samples by lag", "mean", "max"],
+                 [[name, ", ".join(f"{k}: {v}" for k, v in lag["hist"].items()), num(lag["mean"]), lag["max"]]
+                  for name, lag in d["lag"].items()]), "",
+           "**Final reward** (mean over the last quarter of the updates, per seed):", "",
+           table(["run", "final reward, mean +- std", "per seed"],
+                 [[name, f"{c['final_mean']:.3f} +- {c['final_std']:.3f}", ", ".join(f"{x:.3f}" for x in c["finals"])]
+                  for name, c in conv.items()]), "",
+           f"**Length bias** (trained response lengths, seed 0): stock mean {lb['stock_mean']:.1f}, asp max_lag 1 "
+           f"mean {lb['asp_mean']:.1f} tokens, two-sample KS distance {lb['ks_distance']:.3f} "
+           f"(p = {lb['ks_pvalue']:.1e}).", "",
+           "**Weight sync and memory** (seed 0; peak resident memory of the driver/trainer plus both instance "
+           "processes, target below 8 GiB):", "",
+           table(["run", "weight sync s per verified round", "peak memory GiB"],
+                 [[name, num(s), num(d["peak_memory_gib"][name], 2)]
+                  for name, s in d["weight_sync_s_per_round"].items()]),
+           "", f"Peak memory target: {verdict(max(d['peak_memory_gib'].values()) < 8)}."]
+    if "predicted_iteration_s" in sim:
+        fit = sim["fit"]
+        err = sim["predicted_iteration_s"] / sim["measured_iteration_s"] - 1
+        out += ["", f"**Simulator against the measured run** (stock, seed 0): cost model fitted from the instances' "
+                    f"group timings (a = {1e3 * fit['a']:.1f} ms per step, b = {fit['b']:.2g}, c = {fit['c']:.2g}); "
+                    f"predicted {sim['predicted_iteration_s']:.3f} s per iteration, measured "
+                    f"{sim['measured_iteration_s']:.3f} s: {pct(err, 0, sign=True)} error."]
+    return "\n".join(out)
+
+
+def runtime_earlier(d: Json) -> str:
+    return "\n".join([_ratio_table(d), "", "Seed 0 side by side:", "", _preformatted(d["table"])])
+
+
+# ------------------------------------------------------------------------------ weight sync
+def weight_sync(d: Json) -> str:
+    rounds = d["rounds"]
+    send = [r["send_seconds"] for r in rounds]
+    verified = sum(bool(r["verified"]) for r in rounds)
+    mb = rounds[0]["bytes"] / 1e6 if rounds else float("nan")
+    return "\n".join([
+        table(["", "value"], [
+            ["median round, instances idle", f"{1e3 * d['median_round_idle_s']:.0f} ms"],
+            ["median round, every instance generating", f"{1e3 * d['median_round_busy_s']:.0f} ms"],
+            ["broadcast alone (min-max)", f"{1e3 * min(send):.0f}-{1e3 * max(send):.0f} ms"],
+            ["rounds verified", f"{verified} of {len(rounds)}"],
+            ["bytes per round", f"{mb:.2f} MB in {rounds[0]['buckets']} bucket(s)"],
+            ["instance start-up", ", ".join(f"{s:.0f} s" for s in d["start_seconds"])
+             + f" ({d['start_total_seconds']:.0f} s for {d['instances']})"]])])
+
+
+def checksum_cost(d: Json) -> str:
+    rows, hidden = d["shape"]
+    return "\n".join([
+        f"bf16 tensor [{rows}, {hidden}] ({d['mib']:.0f} MiB) on {d['device']}, {d['threads']} thread(s); "
+        "best of the runs; the right-hand columns scaled to a 7B embedding (152064 x 3584):", "",
+        table(["checksum", "time", "throughput", "peak extra memory", "7B embedding: time", "7B embedding: memory"],
+              [[name, f"{1e3 * v['seconds']:.0f} ms", f"{v['gib_per_s']:.2f} GiB/s", f"+{v['peak_extra_mib']:.1f} MiB",
+                f"{v['full_embedding_seconds']:.2f} s", f"+{v['full_embedding_peak_extra_mib']:.0f} MiB"]
+               for name, v in d["variants"].items()])])
+
+
+# ------------------------------------------------------------------------------ 6. demo learning
+def demo_learning(d: Json) -> str:
+    s, rows = d["summary"], d["rows"]
+    k = s["window"]
+    first, last = rows[:k], rows[-k:]
+
+    def mean(rs: Sequence[Json], key: str) -> float:
+        return sum(r[key] for r in rs) / len(rs)
+
+    return "\n".join([
+        f"lr {s['lr']:g}, {s['steps']} steps, {s['seconds']:.0f} s; means over the first and last {k} steps:", "",
+        table(["", f"steps 0-{k - 1}", f"steps {s['steps'] - k}-{s['steps'] - 1}"], [
+            ["mean reward", num(s["reward_first"]), num(s["reward_last"])],
+            ["response length (mean)", num(s["len_first"], 1), num(s["len_last"], 1)],
+            ["share of samples that stopped with EOS", num(mean(first, "stop_share"), 2),
+             num(mean(last, "stop_share"), 2)]])])
