@@ -1,0 +1,314 @@
+"""Every command over a catalogue of bad inputs: each is refused with one line naming the file, line or key.
+
+For every case: a non-zero exit, exactly one line on stderr (`asp <command>: error: ...`) that names what is
+wrong, no traceback, and the workspace byte-for-byte unchanged (nothing half-written, no temporary file left,
+no previous output lost: the outputs the cases aim at exist beforehand with known content). The refusals all
+happen before Ray or vLLM could start; the Ray entry points are replaced by tripwires to prove it. A few cases
+run through a real subprocess (`python -m mindspeed_asp`) to show the same in real use.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+
+from mindspeed_asp.cli import build_parser, main
+
+SENTINEL = b"previous output: must survive\n"
+NOT_UTF8 = b"\xff\xfe"
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    """The workspace every case starts from: good inputs, bad inputs and outputs that must survive."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert main(["lengths", "synth", "--prompts", "16", "--epochs", "2", "--n", "4", "--small",
+                     "-o", "h.jsonl"]) == 0
+    finally:
+        os.chdir(cwd)
+    good = (root / "h.prompts.jsonl").read_bytes().splitlines(keepends=True)
+    _write(root / "bad.jsonl", good[0] + b'{"prompt_id": "x' + NOT_UTF8 + b'", "prompt_len": 3}\n')
+    hist = (root / "h.jsonl").read_bytes().splitlines(keepends=True)
+    _write(root / "bad_hist.jsonl", hist[0] + b'{"prompt_id": "' + NOT_UTF8 + b'", "epoch": 0, "lengths": [1]}\n')
+    _write(root / "bad.yaml", b"asp:\n  slots: 4  # " + NOT_UTF8 + b"\n")
+    asp = "asp:\n  instances: 2\n  slots: 8\n  minibatch_groups: 4\n"
+    _write(root / "cfg_nope.yaml", (asp + "  planner: nope\n").encode())
+    _write(root / "cfg_nan.yaml", (asp + "  rho: .nan\n").encode())
+    _write(root / "cfg_hist.yaml", (asp + "  history_path: nowhere.jsonl\n").encode())
+    _write(root / "cost_nan.json", b'{"a": NaN, "b": 0.0, "c": 0.0}\n')
+    _write(root / "cost_bad.json", b'{"a": 0.1, "b": 0.0, "c": 0.0, "source": "' + NOT_UTF8 + b'"}\n')
+    _write(root / "afile", SENTINEL)
+    (root / "adir.jsonl").mkdir()
+    for out in ("p.jsonl", "s.json", "c.json", "x.jsonl", "sim/simulate.json"):
+        _write(root / out, SENTINEL)
+    for f in ("summary.json", "rollout_log.jsonl", "metrics.jsonl"):
+        _write(root / "run_old" / f, SENTINEL)
+    _write(root / "demo_old" / "stock" / "summary.json", SENTINEL)
+    _write(root / "run_bad" / "summary.json", b'{"mode": "' + NOT_UTF8 + b'"}\n')
+    return root
+
+
+@pytest.fixture
+def workspace(template, tmp_path, monkeypatch) -> Path:
+    """A fresh copy of the template as the working directory, with Ray and the run loop as tripwires."""
+    ws = tmp_path / "ws"
+    shutil.copytree(template, ws)
+    monkeypatch.chdir(ws)
+    from mindspeed_asp.runtime import driver, ray_utils
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("a bad input reached Ray / the run loop instead of being refused first")
+
+    for mod, name in ((ray_utils, "start_local_ray"), (ray_utils, "connect_ray"), (driver, "run_training")):
+        monkeypatch.setattr(mod, name, tripwire)
+    return ws
+
+
+def _snapshot(root: Path) -> Dict[str, bytes]:
+    """Every file under `root` (hidden ones too: a leftover temporary file counts) with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+PLAN = ["plan", "--dataset", "h.prompts.jsonl", "--history", "h.jsonl", "--instances", "2", "--slots", "8",
+        "--minibatch", "4", "--no-progress", "-o", "p.jsonl"]
+SIM = ["simulate", "--workload", "synthetic:prompts=8,n=2,regime=small", "--planners", "asp", "--instances", "2",
+       "--slots", "8", "--minibatch", "2", "--out", "sim", "--no-plots", "--quiet"]
+SYNTH = ["lengths", "synth", "--prompts", "8", "--epochs", "1", "-o", "x.jsonl"]
+EVAL = ["lengths", "eval", "--trace", "synthetic:prompts=8,n=2"]
+FIT = ["fit-cost", "--slots", "1,2", "--contexts", "16,32", "-o", "c.json"]
+TRAIN = ["train", "--quiet", "--out", "run_new"]
+DEMO = ["demo", "--quiet", "--out", "demo_new"]
+
+
+def _plan(*extra: str) -> List[str]:
+    """PLAN with `extra` flag/value pairs; a flag given again replaces the default one."""
+    argv = list(PLAN)
+    for flag in extra[0::2]:
+        if flag in argv:
+            j = argv.index(flag)
+            del argv[j:j + 2]
+    return argv + list(extra)
+
+
+# (case id, argv, substrings the one error line must contain)
+CATALOGUE = [
+    # asp lengths synth
+    ("synth-prompts-0", SYNTH[:3] + ["0"] + SYNTH[4:], ["--prompts"]),
+    ("synth-epochs-0", SYNTH[:5] + ["0"] + SYNTH[6:], ["--epochs"]),
+    ("synth-median-nan", SYNTH + ["--median", "nan"], ["--median"]),
+    ("synth-trend-inf", SYNTH + ["--trend", "inf"], ["--trend"]),
+    ("synth-n-huge", SYNTH + ["--n", "99999999999"], ["--n"]),
+    ("synth-too-large", ["lengths", "synth", "--prompts", "2000000000", "--epochs", "50", "-o", "x.jsonl"], ["--prompts", "GiB"]),
+    ("synth-parent-is-file", SYNTH[:-1] + ["afile/h.jsonl"], ["afile", "-o"]),
+    ("synth-target-is-dir", SYNTH[:-1] + ["adir.jsonl"], ["adir.jsonl", "directory"]),
+    ("synth-dataset-parent-file", SYNTH + ["--dataset", "afile/d.jsonl"], ["--dataset"]),
+    # asp lengths eval / describe
+    ("eval-spec-nan", ["lengths", "eval", "--trace", "synthetic:prompts=8,median=nan"], ["median"]),
+    ("eval-quantile-nan", EVAL + ["--quantile", "nan"], ["--quantile"]),
+    ("eval-decay-inf", EVAL + ["--recency-decay", "inf"], ["--recency-decay"]),
+    ("eval-not-utf8", ["lengths", "eval", "--trace", "history:bad_hist.jsonl"], ["bad_hist.jsonl:2", "UTF-8"]),
+    ("eval-too-large", ["lengths", "eval", "--trace", "synthetic:prompts=90000000000,n=64"], ["prompts", "GiB"]),
+    ("eval-json-parent-file", EVAL + ["--json", "afile/e.json"], ["--json"]),
+    ("describe-json-parent-file", ["lengths", "describe", "--trace", "synthetic:prompts=8", "--json",
+                                   "afile/e.json"], ["--json"]),
+    # asp plan
+    ("plan-rho-nan", _plan("--rho", "nan"), ["--rho"]),
+    ("plan-rho-inf", _plan("--rho", "inf"), ["--rho"]),
+    ("plan-rho-negative", _plan("--rho", "-1"), ["--rho"]),
+    ("plan-instances-0", _plan("--instances", "0"), ["--instances"]),
+    ("plan-n-out-of-range", _plan("--n", str(2**40)), ["--n"]),
+    ("plan-too-large", _plan("--instances", "100000000", "--slots", "100000000"), ["--slots", "GiB"]),
+    ("plan-dataset-not-utf8", _plan("--dataset", "bad.jsonl"), ["bad.jsonl:2", "UTF-8"]),
+    ("plan-history-not-utf8", _plan("--history", "bad_hist.jsonl"), ["bad_hist.jsonl:2", "UTF-8"]),
+    ("plan-history-missing", _plan("--history", "nowhere.jsonl"), ["nowhere.jsonl", "--history"]),
+    ("plan-config-not-utf8", _plan("--config", "bad.yaml"), ["bad.yaml:2", "UTF-8"]),
+    ("plan-config-planner", _plan("--config", "cfg_nope.yaml"), ["cfg_nope.yaml", "asp.planner"]),
+    ("plan-config-rho-nan", _plan("--config", "cfg_nan.yaml"), ["cfg_nan.yaml", "asp.rho"]),
+    ("plan-config-history-missing", ["plan", "--dataset", "h.prompts.jsonl", "--config", "cfg_hist.yaml",
+                                     "--max-new-tokens", "64", "-o", "p.jsonl"], ["asp.history_path"]),
+    ("plan-planner", _plan("--planner", "nope"), ["--planner"]),
+    ("plan-cost-nan", _plan("--cost", "cost_nan.json"), ["cost_nan.json", "'a'"]),
+    ("plan-cost-not-utf8", _plan("--cost", "cost_bad.json"), ["cost_bad.json:1", "UTF-8"]),
+    ("plan-out-parent-file", _plan("-o", "afile/p.jsonl"), ["afile", "-o"]),
+    ("plan-out-is-dir", _plan("-o", "adir.jsonl"), ["adir.jsonl", "directory"]),
+    ("plan-json-parent-file", _plan("--json", "afile/s.json"), ["--json"]),
+    # asp simulate
+    ("sim-sync-time-nan", SIM + ["--sync-time", "nan"], ["--sync-time"]),
+    ("sim-overhead-negative", SIM + ["--overhead", "-1"], ["--overhead"]),
+    ("sim-rho-inf", SIM + ["--rho", "inf"], ["--rho"]),
+    ("sim-seed-conflict", SIM[:2] + ["synthetic:prompts=8,n=2,seed=3"] + SIM[3:] + ["--seeds", "1"], ["--seeds"]),
+    ("sim-seeds-too-many", SIM + ["--seeds", "0-100000000"], ["--seeds"]),
+    ("sim-too-large", SIM + ["--instances", "100000000", "--slots", "100000000"], ["--slots", "GiB"]),
+    ("sim-cost-not-utf8", SIM + ["--cost-file", "cost_bad.json"], ["cost_bad.json:1"]),
+    ("sim-out-is-file", SIM[:-3] + ["afile", "--no-plots", "--quiet"], ["afile", "--out"]),
+    # asp fit-cost (refused before any engine starts)
+    ("fit-gmu-nan", FIT + ["--gpu-memory-utilization", "nan"], ["--gpu-memory-utilization"]),
+    ("fit-decode-steps-0", FIT + ["--decode-steps", "0"], ["--decode-steps"]),
+    ("fit-out-parent-file", FIT[:-1] + ["afile/c.json"], ["afile", "-o"]),
+    # asp train (refused before Ray starts)
+    ("train-out-holds-run", ["train", "--quiet", "--out", "run_old"], ["run_old", "--overwrite"]),
+    ("train-out-is-file", ["train", "--quiet", "--out", "afile"], ["afile", "--out"]),
+    ("train-planner", TRAIN + ["asp.planner=nope"], ["asp.planner"]),
+    ("train-history-missing", TRAIN + ["asp.history_path=nowhere.jsonl"], ["asp.history_path"]),
+    ("train-cost-file-missing", TRAIN + ["asp.cost.file=nowhere.json"], ["asp.cost.file"]),
+    ("train-rho-nan", TRAIN + ["asp.rho=.nan"], ["asp.rho"]),
+    ("train-lr-inf", TRAIN + ["trainer.lr=.inf"], ["trainer.lr"]),
+    ("train-n-over-slots", TRAIN + ["data.n=64"], ["data.n"]),
+    ("train-config-not-utf8", TRAIN + ["--config", "bad.yaml"], ["bad.yaml:2", "UTF-8"]),
+    # asp compare
+    ("compare-summary-not-utf8", ["compare", "run_bad", "run_old"], ["run_bad/summary.json:1", "UTF-8"]),
+    ("compare-json-parent-file", ["compare", "run_old", "--json", "afile/c.json"], ["--json"]),
+    # asp demo (refused before Ray starts)
+    ("demo-out-holds-run", ["demo", "--quiet", "--out", "demo_old"], ["demo_old", "--overwrite"]),
+    ("demo-planner", DEMO + ["asp.planner=nope"], ["asp.planner"]),
+    ("demo-out-is-file", ["demo", "--quiet", "--out", "afile"], ["afile", "--out"]),
+]
+
+
+def _assert_one_error_line(err: str, out: str, expect: Sequence[str]) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one error line, got:\n{err}"
+    line = lines[0]
+    assert line.startswith("asp") and ": error: " in line, line
+    assert "Traceback" not in err + out
+    for want in expect:
+        assert want in line, f"{want!r} not named in: {line}"
+    return line
+
+
+@pytest.mark.parametrize("argv,expect", [c[1:] for c in CATALOGUE], ids=[c[0] for c in CATALOGUE])
+def test_bad_input_is_refused_with_one_named_line(workspace, capsys, argv, expect):
+    before = _snapshot(workspace)
+    rc = main(list(argv))
+    captured = capsys.readouterr()
+    assert rc != 0, captured.out
+    _assert_one_error_line(captured.err, captured.out, expect)
+    assert _snapshot(workspace) == before, "a refused command changed, removed or half-wrote a file"
+
+
+@pytest.mark.parametrize("argv,command", [(FIT, "fit-cost"), (TRAIN, "train"), (DEMO, "demo")],
+                         ids=["fit-cost", "train", "demo"])
+def test_missing_extra_names_the_pip_line(workspace, capsys, monkeypatch, argv, command):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what a core-only install looks like to import
+    before = _snapshot(workspace)
+    assert main(list(argv)) != 0
+    captured = capsys.readouterr()
+    line = _assert_one_error_line(captured.err, captured.out, ["vllm", 'pip install "mindspeed-asp['])
+    assert line.startswith(f"asp {command}: error: ")
+    assert _snapshot(workspace) == before
+
+
+def test_doctor_names_a_bad_config_in_its_report(workspace, capsys):
+    """doctor reports every check (it is a report, not a refusal): the config row names file and line."""
+    assert main(["doctor", "--config", "bad.yaml"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    fails = [line for line in captured.out.splitlines() if "[FAIL] config" in line]
+    assert len(fails) == 1 and "bad.yaml:2" in fails[0] and "UTF-8" in fails[0]
+
+
+def test_every_numeric_option_is_typed():
+    """No command takes a bare float (accepts nan/inf) or a bare int (any size): see mindspeed_asp.argtypes."""
+    untyped = []
+
+    def walk(parser: argparse.ArgumentParser, prog: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{prog} {name}")
+            elif action.type in (float, int):
+                untyped.append(f"{prog} {'/'.join(action.option_strings)}")
+
+    walk(build_parser(), "asp")
+    assert not untyped, f"options parsed with bare float/int: {untyped}"
+
+
+def test_overwrite_clears_only_the_old_runs_files(tmp_path):
+    from mindspeed_asp.errors import OutputError
+    from mindspeed_asp.run_dir import RUN_FILES, prepare_run_dir
+
+    run = tmp_path / "run"
+    for name in RUN_FILES:
+        _write(run / name, SENTINEL)
+    _write(run / "notes.txt", SENTINEL)
+    with pytest.raises(OutputError, match="--overwrite"):
+        prepare_run_dir(run, overwrite=False)
+    assert all((run / name).exists() for name in RUN_FILES)
+    prepare_run_dir(run, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+    assert prepare_run_dir(tmp_path / "fresh", overwrite=False) == tmp_path / "fresh"
+
+
+def test_interrupted_plan_write_keeps_the_previous_plan(workspace, monkeypatch, capsys):
+    """SIGINT while `asp plan` writes over an existing plan: the old plan stays whole, no partial file."""
+    import pyarrow.parquet as pq
+
+    assert main(_plan("-o", "old.parquet")) == 0
+    old = (workspace / "old.parquet").read_bytes()
+    before = _snapshot(workspace)
+
+    def interrupted(table, where, *args, **kwargs):
+        Path(where).write_bytes(b"PAR1 half a plan")  # part of the new file is on disk ...
+        raise KeyboardInterrupt  # ... when the user presses Ctrl-C
+
+    monkeypatch.setattr(pq, "write_table", interrupted)
+    assert main(_plan("-o", "old.parquet", "--seed", "1")) == 130
+    assert (workspace / "old.parquet").read_bytes() == old
+    assert _snapshot(workspace) == before
+    capsys.readouterr()
+
+
+def test_atomic_write_is_whole_or_absent(tmp_path):
+    from mindspeed_asp.atomic import atomic_open, write_json
+
+    target = tmp_path / "out.json"
+    write_json(target, {"v": 1})
+    mode = target.stat().st_mode
+    with pytest.raises(TypeError):
+        write_json(target, {"v": object()})  # unserialisable: built before the file is touched
+    with pytest.raises(RuntimeError):
+        with atomic_open(target) as fh:
+            fh.write('{"v": 2, "half')
+            raise RuntimeError("crash mid-write")
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+    write_json(target, {"v": 3})
+    assert json.loads(target.read_text()) == {"v": 3} and target.stat().st_mode == mode
+
+
+SUBPROCESS_CASES = [
+    ("plan-rho-nan", _plan("--rho", "nan"), "--rho", ""),
+    ("plan-dataset-not-utf8", _plan("--dataset", "bad.jsonl"), "bad.jsonl:2", ""),
+    ("synth-too-large", ["lengths", "synth", "--prompts", "2000000000", "--epochs", "50", "-o", "x.jsonl"], "GiB", ""),
+    ("train-core-only", TRAIN, 'pip install "mindspeed-asp[',
+     "import sys; sys.modules['vllm'] = None; "),
+]
+
+
+@pytest.mark.parametrize("argv,expect,prelude", [c[1:] for c in SUBPROCESS_CASES],
+                         ids=[c[0] for c in SUBPROCESS_CASES])
+def test_refusals_in_a_real_process(template, tmp_path, argv, expect, prelude):
+    ws = tmp_path / "ws"
+    shutil.copytree(template, ws)
+    before = _snapshot(ws)
+    code = prelude + "from mindspeed_asp.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", "import sys; " + code, *argv], cwd=ws, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    _assert_one_error_line(proc.stderr, proc.stdout, [expect])
+    assert _snapshot(ws) == before
