@@ -59,7 +59,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
     """
     from mindspeed_asp.scheduler.planners import get_planner
     from mindspeed_asp.types import InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
-    from mindspeed_asp.sim.cost_fit import fit_cost_model
+    from mindspeed_asp.cost_model import fit_cost_model
     from mindspeed_asp.sim.pipeline import simulate_pipeline
     from mindspeed_asp.sim.train_time import TrainerModel
 

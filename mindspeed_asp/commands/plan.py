@@ -55,13 +55,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def read_cost(path: str):
-    """CostModel from the JSON `asp fit-cost` writes (keys a, b, c[, p, source]); errors name file and key."""
-    from mindspeed_asp.sim.cost_fit import load_cost_json
-
-    return load_cost_json(path)
-
-
 def _truth_matrix(path: str, epoch: Optional[int], prompts):
     from mindspeed_asp.errors import InputError
     from mindspeed_asp.scheduler.history import LengthHistory
@@ -91,6 +84,7 @@ def run(args) -> int:
     from mindspeed_asp.scheduler.history import LengthHistory
     from mindspeed_asp.scheduler.plan import plan_format
     from mindspeed_asp.scheduler.planners import PLANNERS, needs_oracle
+    from mindspeed_asp.cost_model import cost_from_section, load_cost_json
     from mindspeed_asp.types import CostModel
     from mindspeed_asp.workloads.prompts import load_prompt_set
 
@@ -129,12 +123,9 @@ def run(args) -> int:
             raise InputError("required when no --history gives the generation cap", key="--max-new-tokens")
         max_new = int(history.records()[3].max())
     if args.cost:
-        cost = read_cost(args.cost)
-    elif asp is not None and asp.cost.file:
-        cost = read_cost(asp.cost.file)
+        cost = load_cost_json(args.cost, key="--cost")
     elif asp is not None:
-        c = asp.cost
-        cost = CostModel(a=c.a, b=c.b, c=c.c, p=c.p, source=f"{args.config} asp.cost")
+        cost = cost_from_section(asp.cost, origin=f"{args.config} asp.cost")
     else:
         cost = CostModel()
     section = base.estimator if asp else EstimatorSection()

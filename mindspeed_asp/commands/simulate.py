@@ -110,7 +110,7 @@ def handle(args: argparse.Namespace) -> int:
     from mindspeed_asp.memory_budget import check_fits, planning_bytes
     from mindspeed_asp.types import CostModel
     from mindspeed_asp.sim import sweep
-    from mindspeed_asp.sim.cost_fit import load_cost_json
+    from mindspeed_asp.cost_model import load_cost_json
 
     # ranges and finiteness of the numbers: argparse types (mindspeed_asp.argtypes)
     out = check_output_dir(args.out, key="--out")  # before any simulation
@@ -125,7 +125,7 @@ def handle(args: argparse.Namespace) -> int:
     if scaling is None and any(m == "single" for _, _, m in planners):
         raise InputError("mode single needs --single-scaling (the speed-up curve of one big instance)",
                          key="--single-scaling")
-    cost = load_cost_json(args.cost_file) if args.cost_file else CostModel()
+    cost = load_cost_json(args.cost_file, key="--cost-file") if args.cost_file else CostModel()
     cfg = sweep.SweepConfig(instances=args.instances, slots=args.slots, kv_budget=args.kv_budget,
                             minibatch=args.minibatch, rho=args.rho, max_lag=args.max_lag, mode=args.mode,
                             sync_time=args.sync_time, overhead=args.overhead, estimator=args.estimator,

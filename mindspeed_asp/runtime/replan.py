@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from mindspeed_asp.config import AspSection
+from mindspeed_asp.cost_model import cost_from_section
 from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem, PromptSet
 
 
@@ -29,16 +30,6 @@ class WindowPlan:
     planner: str
     with_history: int  # groups of this window whose prompt had history when planned
     params: Dict[str, float] = field(default_factory=dict)
-
-
-def cost_from_section(asp: AspSection) -> CostModel:
-    """The cost model of the `asp.cost` section (a fitted JSON file wins over the inline numbers)."""
-    c = asp.cost
-    if c.file:
-        from mindspeed_asp.sim.cost_fit import load_cost_json
-
-        return load_cost_json(c.file)  # names the file and key on a bad cost file
-    return CostModel(a=c.a, b=c.b, c=c.c, p=c.p, source="asp.cost section")
 
 
 class WindowPlanner:
@@ -64,7 +55,7 @@ class WindowPlanner:
             self.history = LengthHistory.load(asp.history_path)
         self.estimator = make_estimator(asp.estimator)
         self.planner = get_planner(asp.planner)
-        self.cost = cost or cost_from_section(asp)
+        self.cost = cost or cost_from_section(asp.cost)
         self.rollout_log = Path(rollout_log) if rollout_log else None
         self.rng = np.random.default_rng(seed)
         self.observed = 0
