@@ -9,7 +9,8 @@ JSON, plot):
    over seeds;
 2. final reward (mean of the last quarter of updates) with its 95% interval, and whether each config lies
    within stock's interval and above 0.9x stock's mean (the targets of docs/trainer.md);
-3. updates and seconds to reach `--target` (trailing mean of 3 updates), ratio to stock per seed;
+3. updates and seconds to reach `--target` (trailing mean of 3 updates), ratio to stock paired by seed; a
+   run that never reaches it counts with its whole length (censored: a lower bound, never a flattering one);
 4. length bias: KS distance of trained response lengths against stock's (same seed), next to stock's own
    seed-to-seed KS spread;
 5. starvation: the share of generated group attempts discarded as stale (regenerated), by quartile of the
@@ -145,10 +146,13 @@ def analyze(results: Dict[str, Dict[int, Dict[str, Any]]], target: float) -> Dic
         m, lo, hi = mean_interval(finals)
         upd = [updates_to_target(runs[s]["rewards"], target) for s in seeds]
         sec = [seconds_to_target(runs[s]["rewards"], runs[s]["t"], 0.0, target) for s in seeds]
-        paired = [sec[i] / seconds_to_target(stock[s]["rewards"], stock[s]["t"], 0.0, target)
-                  for i, s in enumerate(seeds)
-                  if s in stock and sec[i] is not None
-                  and seconds_to_target(stock[s]["rewards"], stock[s]["t"], 0.0, target)]
+
+        def censored(r: Dict[str, Any]) -> float:
+            """Seconds to the target, or the run's whole length where it was never reached (a lower bound)."""
+            x = seconds_to_target(r["rewards"], r["t"], 0.0, target)
+            return r["t"][-1] if x is None else x
+
+        paired = [censored(runs[s]) / censored(stock[s]) for s in seeds if s in stock]
         ks = [ks_distance(runs[s]["trained_lengths"], stock[s]["trained_lengths"]) for s in seeds if s in stock]
         run_s = [runs[s]["t"][-1] for s in seeds]
         tps = [runs[s]["summary"].get("throughput/e2e_tps") for s in seeds]

@@ -352,3 +352,55 @@ def demo_learning(d: Json) -> str:
             ["response length (mean)", num(s["len_first"], 1), num(s["len_last"], 1)],
             ["share of samples that stopped with EOS", num(mean(first, "stop_share"), 2),
              num(mean(last, "stop_share"), 2)]])])
+
+
+# ------------------------------------------------------------------------------ 8. convergence
+def _interval(v: Json, digits: int = 3) -> str:
+    return f"{num(v['mean'], digits)} [{num(v['lo'], digits)}, {num(v['hi'], digits)}]"
+
+
+def _convergence_targets(d: Json, name: str) -> List[str]:
+    """The docs/trainer.md targets for one config, each with its verdict computed from the numbers."""
+    c, stock = d["configs"][name], d["stock_final"]
+    f, t = c["final_reward"], c["seconds_to_target_x_stock"]
+    ks_bound = d["stock_ks_seed_spread"]["max"]
+    return [
+        f"final reward {num(f['mean'])} vs stock's {_interval(stock)}: inside stock's 95% interval "
+        f"{verdict(bool(f['within_stock_interval']))}, >= 0.9x stock's mean ({num(f['x_stock'], 2)}x) "
+        f"{verdict(f['x_stock'] >= 0.9)}",
+        f"seconds to R* = {d['target_reward']:g} vs stock (paired by seed, unreached = whole run): {_interval(t, 2)}x, "
+        f"target <= 0.7x {verdict(t['n'] > 0 and t['mean'] <= 0.7)}",
+        f"KS of trained lengths vs stock {num(c['ks_vs_stock']['mean'])}, stock's own seed-to-seed spread up to "
+        f"{num(ks_bound)}: {verdict(c['ks_vs_stock']['mean'] <= ks_bound)}",
+    ]
+
+
+def convergence(d: Json) -> str:
+    main = [n for n in d["configs"] if "_lr" not in n]
+    sweep = [n for n in d["configs"] if "_lr" in n]
+    rows = []
+    for n in main + sweep:
+        c = d["configs"][n]
+        f, e, t = c["final_reward"], c["e2e_tps_x_stock"], c["seconds_to_target_x_stock"]
+        rows.append([f"`{n}`", len(c["seeds"]), _interval(f), num(f["x_stock"], 2),
+                     {True: "yes", False: "no", None: "-"}[f["within_stock_interval"]],
+                     f"{c['reached_target']}/{len(c['seeds'])}", _interval(t, 2) if t["n"] else "-",
+                     _interval(e, 2), num(c["ks_vs_stock"]["mean"]), pct(c["starvation"]["discarded_share"]),
+                     pct(c["offpolicy"]["offpolicy/iw_frac_capped"], 2), pct(c["offpolicy"]["offpolicy/clip_frac"], 2)])
+    out = [f"Final reward = mean of the last quarter of the updates; R* = {d['target_reward']:g} (trailing mean "
+           "of 3 updates); intervals are 95% Student-t over seeds; ratios to stock are paired by seed.", "",
+           table(["config", "seeds", "final reward [95%]", "x stock", "in stock's 95%", "reached R*",
+                  "s to R* x stock [95%]", "e2e_tps x stock [95%]", "KS vs stock", "discarded", "iw capped",
+                  "clip"], rows), ""]
+    for n in ("asp_lag1_std", "asp_lag1_dec", "asp_lag2_std", "asp_lag2_dec"):
+        if n in d["configs"]:
+            out.append(f"- `{n}`: " + "; ".join(_convergence_targets(d, n)))
+    out += ["", "Share of generated groups discarded as stale, by quartile of their mean response length "
+            "(stock's quartiles; Q1 shortest), and trained vs generated lengths:", "",
+            table(["config", "Q1", "Q2", "Q3", "Q4", "trained len", "generated len", "KS trained vs generated"],
+                  [[f"`{n}`", *[pct(x) for x in d["configs"][n]["starvation"]["discarded_share_by_quartile"]],
+                    num(d["configs"][n]["starvation"]["trained_len_mean"], 1),
+                    num(d["configs"][n]["starvation"]["generated_len_mean"], 1),
+                    num(d["configs"][n]["starvation"]["ks_trained_vs_generated"])] for n in main]),
+            "", "![reward against updates and wall time](../benchmarks/results/convergence.png)"]
+    return "\n".join(out)

@@ -60,6 +60,7 @@ RENDERERS: Dict[str, Renderer] = {
     "weight_sync": Renderer("weight_sync.json", doc_tables.weight_sync),
     "checksum_cost": Renderer("checksum_cost.json", doc_tables.checksum_cost),
     "demo_learning": Renderer("demo_learning.json", doc_tables.demo_learning),
+    "convergence": Renderer("convergence.json", doc_tables.convergence),
 }
 
 # markers stand alone on their line (a marker quoted inside prose is not one)

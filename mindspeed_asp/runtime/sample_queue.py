@@ -25,6 +25,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from mindspeed_asp import metrics
+
 PREFER = ("oldest", "plan_tag")
 STALE_POLICIES = ("drop", "regenerate")
 
@@ -261,14 +263,4 @@ class SampleQueue:
     def lag_stats(self) -> Dict[str, float]:
         """`lag/{mean,p99,max,frac_over_bound}` over every sample trained so far (docs/design.md section 5)."""
         with self._lock:
-            return lag_summary(self.all_lags, self.controller.max_lag)
-
-
-def lag_summary(lags: Sequence[int], max_lag: int) -> Dict[str, float]:
-    """Mean, p99 (nearest rank), max and share over the bound of per-sample lags; zeros when empty."""
-    if not lags:
-        return {"lag/mean": 0.0, "lag/p99": 0.0, "lag/max": 0.0, "lag/frac_over_bound": 0.0}
-    xs = sorted(int(x) for x in lags)
-    p99 = xs[min(len(xs) - 1, max(0, math.ceil(0.99 * len(xs)) - 1))]
-    return {"lag/mean": sum(xs) / len(xs), "lag/p99": float(p99), "lag/max": float(xs[-1]),
-            "lag/frac_over_bound": sum(1 for x in xs if x > max_lag) / len(xs)}
+            return metrics.lag_stats(self.all_lags, self.controller.max_lag)

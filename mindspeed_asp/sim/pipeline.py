@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
+from mindspeed_asp.metrics import generation_padding, lag_stats, skewness, tail_share
 from mindspeed_asp.sim import metrics as mx
 from mindspeed_asp.sim.engine import INF, Cluster, InstanceTrace
 from mindspeed_asp.sim.train_time import TrainerModel, group_tokens
@@ -373,17 +374,18 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     all_tokens = float(tok.sum())
     devices = m * devices_per_instance
     met: Dict[str, float] = {}
-    met["bubble/padding"] = mx.generation_padding(total_L, spec.slots, trace.steps)
+    met["bubble/padding"] = generation_padding(total_L, spec.slots, trace.steps)
     met.update(mx.training_padding(sample_tokens, trainer.micro_batch, trainer.dp))
-    met["bubble/skewness"] = mx.skewness(trace.busy)
-    met["bubble/tail_share"] = mx.tail_share(trace.seq_finish)
+    met["bubble/skewness"] = skewness(trace.busy)
+    met["bubble/tail_share"] = tail_share(trace.seq_finish)
     busy_end = rec["sync_end"] if mode == "stream" else rec["finish"]
     if mode != "stream":
         busy_end = busy_end.copy()
         busy_end[-1] = total_time
     met.update(mx.sorting_metrics(trace.group_finish, rec["ready"], rec["start"], busy_end, rec["groups"], M,
                                   rollout_end, total_time))
-    met.update(mx.lag_metrics(lags, max_lag, stale_dropped))
+    met.update(lag_stats(lags, max_lag))
+    met["lag/stale_dropped"] = float(stale_dropped)
     met["lag/regenerated_groups"] = float(regenerated)
     met["throughput/e2e_tps"] = all_tokens / (devices * total_time) if total_time > 0 else 0.0
     met["throughput/perf_throughput"] = all_tokens / ((devices + trainer_devices) * total_time) \
