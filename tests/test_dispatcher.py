@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket, admission_budget
+from mindspeed_asp.policy import LagPolicy
+from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
 
 
 def tickets(n, pred=None):
@@ -48,6 +49,18 @@ def test_plan_order_is_followed_then_tail_is_stolen():
     assert list(t.gid for t in d.queues[0]) == [0, 1]
 
 
+def test_own_work_goes_first_then_the_thief_steals():
+    # instance 0 is idle with an empty queue; instance 1 has its own work: under a budget of one, instance 1
+    # takes its own head (the plan), and instance 0 steals only with the next admission
+    lag = LagPolicy(max_lag=0, minibatch_groups=1)
+    d = Dispatcher("plan", instances=2, capacity=1, clock=lambda: 0.0, lag=lag)
+    d.load_window(tickets(3), plan_queues=[[], [0, 1, 2]])
+    assert [(j, t.gid) for j, t in d.fill(version=0)] == [(1, 0)]
+    assert d.steals == []
+    assert [(j, t.gid) for j, t in d.fill(version=1)] == [(0, 2)]
+    assert [(s.thief, s.victim, s.gid) for s in d.steals] == [(0, 1, 2)]
+
+
 def test_no_stealing_when_disabled():
     d = Dispatcher("plan", instances=2, capacity=1, work_stealing=False)
     d.load_window(tickets(3), plan_queues=[[0, 1, 2], []])
@@ -55,13 +68,23 @@ def test_no_stealing_when_disabled():
     assert d.steals == []
 
 
-def test_budget_caps_dispatch_and_admission_rule():
-    d = Dispatcher("least_loaded", instances=2, capacity=8)
+def test_lag_policy_caps_dispatch_and_counts_dispatches_and_losses():
+    lag = LagPolicy(max_lag=0, minibatch_groups=4)
+    d = Dispatcher("least_loaded", instances=2, capacity=8, lag=lag)
     d.load_window(tickets(20))
-    assert len(d.fill(budget=admission_budget(version=0, max_lag=0, minibatch_groups=4, accepted=0))) == 4
-    assert admission_budget(0, 0, 4, 4) == 0
-    assert admission_budget(1, 0, 4, 4) == 4
-    assert admission_budget(0, 2, 4, 4) == 8
+    out = d.fill(version=0)
+    assert len(out) == 4 and all(t.version == 0 for _, t in out)
+    assert d.fill(version=0) == [] and lag.accepted == 4 and lag.untrained[0] == 4
+    with pytest.raises(ValueError, match="version"):
+        d.fill()
+    lost = d.in_flight_count(0)
+    d.on_instance_dead(0)  # its groups no longer hold a place: their re-dispatch counts them again
+    assert lag.accepted == 4 - lost and lag.lost == lost
+    again = d.fill(version=0)
+    assert len(again) == lost and all(j == 1 for j, _ in again)
+    # the policy would admit 8 more at version 2 ((2+0+1)*4 = 12), the live instance has room for 4 (capacity 8)
+    assert len(d.fill(version=2)) == 4 and lag.budget(2) == 4
+    assert lag.accepted == 8 and lag.untrained[2] == 4
 
 
 def test_dead_instance_groups_are_redispatched_once():

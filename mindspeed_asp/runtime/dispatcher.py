@@ -2,7 +2,10 @@
 
 The dispatcher is a pure state machine (no Ray, no vLLM) so every rule is unit-testable: the driver feeds it
 events (a window of groups, a finished group, a dead instance, a stale group to regenerate) and asks it to
-`fill` free instance capacity within an admission budget computed from the max-lag counter.
+`fill` free instance capacity at the trainer's version. Which instance is offered work first, whom a thief
+robs, where a group sent back goes, and how many groups the max-lag bound admits are the policy's
+(`mindspeed_asp/policy.py`, shared with the simulator); the dispatcher reports its dispatches and lost groups
+to the `LagPolicy` it is given.
 
 Three policies, one per runtime mode (docs/design.md section 6):
 
@@ -11,7 +14,8 @@ Three policies, one per runtime mode (docs/design.md section 6):
 - `least_loaded` (mode `async`): one FIFO in dataset order; the next group goes to the live instance with
   the fewest groups in flight (OpenRLHF's rule).
 - `plan` (mode `asp`): each instance pulls from its own plan queue in plan order; an instance whose queue
-  is empty steals not-yet-started groups from the tail of the most loaded queue (every steal is logged).
+  is empty steals not-yet-started groups from the tail of the most loaded queue (every steal is logged),
+  after every free instance with work of its own has taken it.
 
 Every group is in exactly one state (queued, in flight on one instance, done), so a group is never handed
 out twice, and results from an instance that no longer owns a group are refused.
@@ -22,6 +26,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+from mindspeed_asp.policy import LagPolicy, lightest, offer_order, steal_victim, wake_order
 
 POLICIES = ("stock", "least_loaded", "plan")
 MODE_POLICY = {"stock": "stock", "async": "least_loaded", "asp": "plan"}
@@ -34,6 +40,7 @@ class Ticket:
     gid: int
     predicted: float = 1.0  # predicted tokens of the group (load measure for stealing)
     attempt: int = 0  # 0 first time; incremented on re-dispatch after a death or a stale regenerate
+    version: int = -1  # trainer version at dispatch (set by `fill`): the version the policy counts it under
 
 
 @dataclass
@@ -46,10 +53,11 @@ class StealEvent:
 
 @dataclass
 class Dispatcher:
-    """Plan / least-loaded / stock dispatch with capacity, admission budget, stealing and re-dispatch.
+    """Plan / least-loaded / stock dispatch with capacity, admission, stealing and re-dispatch.
 
     `capacity` is the number of groups an instance may hold in flight (slots // n keeps vLLM's batch full
-    without a hidden engine queue); `None` means unlimited (stock submits a whole chunk).
+    without a hidden engine queue); `None` means unlimited (stock submits a whole chunk). `lag` is the
+    max-lag policy that admits dispatches and counts them; None admits everything (unit tests, rollout only).
     """
 
     policy: str
@@ -57,6 +65,7 @@ class Dispatcher:
     capacity: Optional[int] = None
     work_stealing: bool = True
     clock: Callable[[], float] = time.monotonic
+    lag: Optional[LagPolicy] = None
     queues: List[Deque[Ticket]] = field(init=False)
     fifo: Deque[Ticket] = field(init=False)
     in_flight: List[Dict[int, Ticket]] = field(init=False)
@@ -108,48 +117,51 @@ class Dispatcher:
                 self.queues[j].extend(chunk)
 
     # ------------------------------------------------------------------ dispatching
-    def fill(self, budget: Optional[int] = None) -> List[Tuple[int, Ticket]]:
-        """Hand out queued groups to instances with free capacity, at most `budget` of them (None = no cap).
+    def fill(self, version: Optional[int] = None) -> List[Tuple[int, Ticket]]:
+        """Hand out queued groups to instances with free capacity, as many as the lag policy admits at the
+        trainer's `version` (all of them without a policy).
 
         Returns (instance, ticket) pairs in the order they should be submitted; the dispatcher already
-        counts them as in flight.
+        counts them as in flight, and the policy as dispatched at `version`.
         """
+        if self.lag is not None and version is None:
+            raise ValueError("Dispatcher.fill: a dispatcher with a lag policy needs the trainer's version")
         out: List[Tuple[int, Ticket]] = []
-        remaining = float("inf") if budget is None else max(0, int(budget))
-        while remaining > 0:
+        while self.lag is None or self.lag.admits(version):
             pick = self._next_assignment()
             if pick is None:
                 break
             j, t = pick
+            t.version = -1 if version is None else int(version)
             self.in_flight[j][t.gid] = t
             self.dispatched += 1
+            if self.lag is not None:
+                self.lag.on_dispatched(t.version)
             out.append((j, t))
-            remaining -= 1
         return out
 
     def _free(self, j: int) -> bool:
         return self.alive[j] and (self.capacity is None or len(self.in_flight[j]) < self.capacity)
 
     def _next_assignment(self) -> Optional[Tuple[int, Ticket]]:
-        live_free = [j for j in range(self.instances) if self._free(j)]
-        if not live_free:
+        counts = [len(q) for q in self.in_flight]
+        offered = offer_order(counts, (j for j in range(self.instances) if self._free(j)))
+        if not offered:
             return None
         if self.policy == "least_loaded":
-            if not self.fifo:
-                return None
-            j = min(live_free, key=lambda k: (len(self.in_flight[k]), k))
-            return j, self.fifo.popleft()
-        # plan and stock: own queue first, the instance with the fewest in flight first
-        for j in sorted(live_free, key=lambda k: (len(self.in_flight[k]), k)):
-            if self.queues[j]:
-                return j, self.queues[j].popleft()
+            return (offered[0], self.fifo.popleft()) if self.fifo else None
+        # plan and stock: instances with work of their own first, then a thief
+        j = wake_order(offered, [bool(q) for q in self.queues])[0]
+        if self.queues[j]:
+            return j, self.queues[j].popleft()
         if self.policy == "plan" and self.work_stealing:
-            thief = min(live_free, key=lambda k: (len(self.in_flight[k]), k))
-            victim = self._most_loaded_queue(exclude=thief)
-            if victim is not None:
+            loads = [self._queue_load(k) for k in range(self.instances)]
+            victim = steal_victim(loads, (k for k in range(self.instances)
+                                          if k != j and self.alive[k] and self.queues[k]))
+            if victim >= 0:
                 t = self.queues[victim].pop()  # tail: keeps the victim's plan order intact
-                self.steals.append(StealEvent(self.clock(), thief, victim, t.gid))
-                return thief, t
+                self.steals.append(StealEvent(self.clock(), j, victim, t.gid))
+                return j, t
         return None
 
     # ------------------------------------------------------------------ events
@@ -176,6 +188,8 @@ class Dispatcher:
         queued = list(self.queues[instance])
         self.queues[instance].clear()
         for t in lost:
+            if self.lag is not None:
+                self.lag.on_lost(t.version)
             t.attempt += 1
         self.redispatched += len(lost)
         if self.policy == "least_loaded":
@@ -230,14 +244,9 @@ class Dispatcher:
         return sum(t.predicted for t in self.queues[j])
 
     def _lightest_queue(self) -> int:
-        live = [j for j in range(self.instances) if self.alive[j]]
-        return min(live, key=lambda k: (self._queue_load(k) + sum(t.predicted for t in self.in_flight[k].values()), k))
-
-    def _most_loaded_queue(self, exclude: int) -> Optional[int]:
-        cands = [j for j in range(self.instances) if j != exclude and self.alive[j] and self.queues[j]]
-        if not cands:
-            return None
-        return max(cands, key=lambda k: (self._queue_load(k), -k))
+        loads = [self._queue_load(k) + sum(t.predicted for t in self.in_flight[k].values())
+                 for k in range(self.instances)]
+        return lightest(loads, (j for j in range(self.instances) if self.alive[j]))
 
 
 def _split_contiguous(items: list, parts: int) -> List[list]:
@@ -250,12 +259,3 @@ def _split_contiguous(items: list, parts: int) -> List[list]:
         start += size
     return out
 
-
-def admission_budget(version: int, max_lag: int, minibatch_groups: int, accepted: int) -> int:
-    """How many more groups may be dispatched now (AReaL's rule, in groups).
-
-    `accepted` counts groups dispatched and not dropped. With `(version + max_lag + 1) * M` as the cap, a
-    group dispatched at `version` is among those the trainer consumes by update `version + max_lag`, so its
-    lag stays within the bound when the trainer takes groups oldest-version first (the audit still checks).
-    """
-    return max(0, (version + max_lag + 1) * minibatch_groups - accepted)

@@ -37,10 +37,11 @@ from mindspeed_asp.runtime.run_config import RunConfig, dump_config
 from mindspeed_asp.runtime.types import RequestId
 
 if TYPE_CHECKING:
+    from mindspeed_asp.policy import LagPolicy
     from mindspeed_asp.runtime.demo_task import DemoTask
     from mindspeed_asp.runtime.platform import Platform
     from mindspeed_asp.runtime.replan import WindowPlanner
-    from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
+    from mindspeed_asp.runtime.sample_queue import SampleQueue
     from mindspeed_asp.runtime.trainer import GRPOTrainer
     from mindspeed_asp.scheduler.plan import DispatchPlan
     from mindspeed_asp.types import PromptSet
@@ -99,7 +100,7 @@ class Driver:
         self.prompt_set: Optional[PromptSet] = None
         self.prompt_list: List[Any] = []
         self.P = 0
-        self.controller: Optional[LagController] = None
+        self.policy: Optional[LagPolicy] = None  # admission, waiting and staleness (mindspeed_asp/policy.py)
         self.queue: Optional[SampleQueue] = None
         self.dispatcher: Optional[Dispatcher] = None
         self.recorder: Optional[RunRecorder] = None
@@ -119,7 +120,8 @@ class Driver:
     # ================================================================== setup
     def _setup(self) -> None:
         from mindspeed_asp.runtime.platform import current_platform, platform_from_name
-        from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
+        from mindspeed_asp.policy import LagPolicy
+        from mindspeed_asp.runtime.sample_queue import SampleQueue
         from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
 
         cfg = self.cfg
@@ -134,11 +136,11 @@ class Driver:
         self.task.to_jsonl(self.out / "dataset.jsonl")
         self.prompt_list = self.task.prompts()
         self.P = len(self.prompt_list)
-        self.controller = LagController(self.max_lag, self.M)
-        self.queue = SampleQueue(self.controller, stale_policy=cfg.asp.stale_policy)
+        self.policy = LagPolicy(self.max_lag, self.M)
+        self.queue = SampleQueue(self.policy, stale_policy=cfg.asp.stale_policy)
         capacity = None if self.mode == "stock" else max(1, math.ceil(cfg.asp.slots / cfg.data.n)) + 1
         self.dispatcher = Dispatcher(MODE_POLICY[self.mode], cfg.asp.instances, capacity=capacity,
-                                     work_stealing=cfg.asp.work_stealing, clock=time.time)
+                                     work_stealing=cfg.asp.work_stealing, clock=time.time, lag=self.policy)
         self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
                                     minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time,
                                     target_reward=cfg.run.target_reward)
@@ -254,7 +256,7 @@ class Driver:
         # Lazily: a window is planned only when the previous one is fully handed out and the max-lag counter
         # admits more work, so it is planned with every length observed up to that moment.
         window = self.cfg.asp.replan_every * self.M if self.cfg.asp.replan_every > 0 else self.P
-        if self.dispatcher.queued() == 0 and self.controller.budget(self._accepted(), self.version) > 0:
+        if self.dispatcher.queued() == 0 and self.policy.admits(self.version):
             self._load(window)
 
     def _load(self, size: int) -> None:
@@ -298,10 +300,6 @@ class Driver:
         self.window_index += 1
 
     # ------------------------------------------------------------------ dispatch and polling
-    def _accepted(self) -> int:
-        """Groups dispatched and still trainable (trained, queued or in flight)."""
-        return self.dispatcher.dispatched - self.queue.stale_total - self.dispatcher.redispatched
-
     def _dispatch(self) -> None:
         from mindspeed_asp.runtime.types import GroupRequest
 
@@ -310,8 +308,7 @@ class Driver:
             self.dispatcher.done.discard(gid)
             self.dispatcher.requeue(gid, predicted=float(self.prompt_list[gid % self.P][2]))
             self.recorder.event("regenerate", gid=gid)
-        budget = None if self.mode == "stock" else self.controller.budget(self._accepted(), self.version)
-        picks = self.dispatcher.fill(budget)
+        picks = self.dispatcher.fill(self.version)  # as many as the lag policy admits (stock: its M groups)
         if not picks:
             return
         by_inst: Dict[int, List[Any]] = defaultdict(list)
@@ -358,7 +355,7 @@ class Driver:
         if self.planner is not None:
             self.planner.observe(res.prompt_id, info.epoch, lengths, instance=j)
         self.results_by_gid[gid] = res
-        self.queue.put(res)
+        self.queue.put(res, version=info.dispatch_version)
         return 1
 
     def _on_instance_death(self, j: int, exc: BaseException) -> None:
@@ -380,22 +377,10 @@ class Driver:
                            f"{self.queue.occupancy()} queued")
 
     # ------------------------------------------------------------------ training
-    def _must_wait(self) -> bool:
-        """A group in flight that would exceed max_lag after this update must be trained in it: wait."""
-        limit = self.version - self.max_lag
-        for q in self.dispatcher.in_flight:
-            for gid in q:
-                if self.infos[gid].dispatch_version <= limit:
-                    return True
-        return False
-
     def _try_train(self) -> bool:
         if self.t_last_step is None:
             self.t_last_step = time.time()
-        if self.mode == "stock":
-            if not self.dispatcher.idle() or self.dispatcher.in_flight_count():
-                return False
-        elif self._must_wait():
+        if self.policy.must_wait(self.version):  # a group still generating is due now (stock: max_lag 0)
             return False
         prefer = "plan_tag" if self.mode == "asp" else "oldest"
         batch = self.queue.next_minibatch(self.version, self.M, prefer=prefer)

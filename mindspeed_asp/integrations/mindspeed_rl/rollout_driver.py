@@ -2,9 +2,10 @@
 
 A threaded Ray actor next to the trainer, so generation continues while Megatron's blocking update runs.
 Every decision is the runtime's, shared with the CPU and GPU tiers and tested there: the `Dispatcher` (plan or
-least-loaded order, work stealing, re-dispatch of a dead instance's groups), the `LagController` (the
-max-lag admission counter) and the `SampleQueue` (finished groups, the per-sample lag audit, minibatch
-order, stale groups dropped or handed back for regeneration). This class only adds MindSpeed-RL's instance
+least-loaded order, work stealing, re-dispatch of a dead instance's groups), the `LagPolicy` (the shared
+max-lag policy of `mindspeed_asp/policy.py`: admission counter and waiting rule) and the `SampleQueue`
+(finished groups, the per-sample lag audit, minibatch order, stale groups dropped or handed back for
+regeneration). This class only adds MindSpeed-RL's instance
 shape: several TP-rank actors per instance, called in lockstep.
 """
 from __future__ import annotations
@@ -13,8 +14,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from mindspeed_asp.policy import LagPolicy
 from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
-from mindspeed_asp.runtime.sample_queue import LagController, SampleQueue
+from mindspeed_asp.runtime.sample_queue import SampleQueue
 from mindspeed_asp.runtime.types import GroupRequest, GroupResult
 
 
@@ -30,9 +32,11 @@ class RolloutDriver:
                  stale_policy: str = "regenerate") -> None:
         import ray  # noqa: F401  (actor context)
         self.instances = [list(ranks) for ranks in instances]
-        self.dispatcher = Dispatcher(policy, len(self.instances), capacity=capacity, work_stealing=work_stealing)
-        self.lag = LagController(max_lag, minibatch_groups)
+        self.lag = LagPolicy(max_lag, minibatch_groups)
+        self.dispatcher = Dispatcher(policy, len(self.instances), capacity=capacity, work_stealing=work_stealing,
+                                     lag=self.lag)
         self.queue = SampleQueue(self.lag, stale_policy=stale_policy)
+        self.dispatch_version: Dict[int, int] = {}  # gid -> version it was dispatched with
         self.steps = steps_per_call
         self.version = 0
         self.requests: Dict[int, GroupRequest] = {}
@@ -91,7 +95,9 @@ class RolloutDriver:
         with self.lock:
             while True:
                 self._raise()
-                batch = self.queue.next_minibatch(int(train_version), prefer="oldest")
+                # the policy's waiting rule first: a group still generating may be due in this update
+                batch = None if self.lag.must_wait(int(train_version)) else \
+                    self.queue.next_minibatch(int(train_version), prefer="oldest")
                 self._requeue_stale()
                 if batch is not None:
                     lags = [int(train_version) - int(s.min_version) for g in batch for s in g.samples]
@@ -124,9 +130,8 @@ class RolloutDriver:
 
     # ---------------------------------------------------------------- the loop
     def _admit(self) -> None:
-        budget = self.lag.budget(self.lag.live_dispatched, self.version)
-        for j, t in self.dispatcher.fill(budget):
-            self.lag.record_dispatch(1)
+        for j, t in self.dispatcher.fill(self.version):  # as many as the lag policy admits
+            self.dispatch_version[t.gid] = t.version
             self.pending[j].append((self.requests[t.gid], self.version))
 
     def _issue(self) -> None:
@@ -161,18 +166,17 @@ class RolloutDriver:
                 with self.lock:
                     self.outstanding.pop(j, None)
                     for out in results[0]:
-                        if self.dispatcher.on_finished(j, int(out.group_id)):
-                            self.queue.put(out)
+                        gid = int(out.group_id)
+                        if self.dispatcher.on_finished(j, gid):
+                            self.queue.put(out, version=self.dispatch_version[gid])
                     self.lock.notify_all()
 
     def _on_dead(self, j: int, exc: Exception) -> None:
         with self.lock:
             self.outstanding.pop(j, None)
             self.pending[j] = []
-            in_flight = self.dispatcher.in_flight_count(j)
             try:
-                moved = self.dispatcher.on_instance_dead(j)
-                self.lag.record_removed(in_flight)  # their re-dispatch counts them again
+                moved = self.dispatcher.on_instance_dead(j)  # the policy counts their re-dispatch again
                 self.deaths.append({"instance": j, "error": str(exc)[:300], "redispatched": len(moved)})
             except RuntimeError as fatal:
                 self.errors.append(f"{fatal}: {exc}")
