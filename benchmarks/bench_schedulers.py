@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     md.append("\n### 3b. Stale-sample policies under a tight bound (synthetic, rho = 1.0, ASP plan, stream)\n")
     rows, rep3b = [], {}
     for lag in (1, 2, 4):
-        for policy in ("wait", "regenerate", "drop"):
+        for policy in ("regenerate", "drop"):  # the runtime's asp.stale_policy values
             cfg = sweep.SweepConfig(instances=8, slots=64, minibatch=int(w["minibatch"]), rho=1.0, max_lag=lag,
                                     stale_policy=policy)
             r = run_set(str(w["spec"]), ["asp"], cfg, seeds, "stream", progress)["asp"]

@@ -10,6 +10,7 @@ import argparse
 from typing import List, Optional
 
 from mindspeed_asp.argtypes import MAX_SEED, nonneg_float, nonneg_int, positive_int
+from mindspeed_asp.policy import DEFAULT_STALE_POLICY, STALE_POLICIES
 
 #: Most seeds one command runs (each is a full simulation of every planner).
 MAX_SEEDS = 10_000
@@ -84,9 +85,9 @@ def register(subparsers) -> None:
     p.add_argument("--rho", type=nonneg_float, default=1.0, help="trainer work / rollout lower bound")
     p.add_argument("--overhead", type=nonneg_float, default=0.0, help="fixed seconds per trainer update")
     p.add_argument("--max-lag", type=nonneg_int, default=1)
-    p.add_argument("--stale-policy", choices=("wait", "drop", "regenerate"), default="wait",
-                   help="stream mode: the trainer waits for old groups (no sample ever stale), or never waits and "
-                        "drops / regenerates the groups that would break the lag bound")
+    p.add_argument("--stale-policy", choices=STALE_POLICIES, default=DEFAULT_STALE_POLICY,
+                   help="stream mode: what happens to a group the lag audit finds stale, as the runtime's "
+                        "asp.stale_policy (under the shared policy none does; see docs/design.md)")
     p.add_argument("--sync-time", type=nonneg_float, default=0.0, help="seconds per weight-sync round")
     p.add_argument("--mode", choices=("stream", "stock", "single"), default="stream")
     p.add_argument("--single-scaling", default=None,

@@ -23,13 +23,17 @@ A group (the n samples of one prompt) is dispatched when its first sequence is a
 can hold a group back (admission control of the pipeline), and a held instance waits head-of-line, keeping
 the plan order, until `Cluster.notify` is called or the gate's retry time comes.
 
-Work stealing (`work_stealing=True`, the runtime's `asp.work_stealing`): an instance whose own queue is empty
-while it has a free slot takes the not-started group at the *tail* of the queue of the most loaded instance
-(load = predicted tokens of its not-started groups when `steal_load` is given, else their count), as the
-runtime's dispatcher does (`runtime/dispatcher.py`). Taking from the tail keeps the victim's plan order; a
-partly admitted group is never split, and an instance held by the gate is not robbed (admission is closed;
-the runtime steals only within its admission budget); `notify` lets idle instances steal when the budget
-reopens. Every steal is counted per thief and per group.
+Where an instance's next group comes from when its own queue is empty is the shared policy's
+(`mindspeed_asp/policy.py`, the same functions the runtime's dispatcher calls):
+- work stealing (`work_stealing=True`, the runtime's asp mode): the not-started group at the *tail* of the
+  most loaded other queue (load = predicted tokens of its not-started groups when `steal_load` is given, else
+  their count). Taking from the tail keeps the victim's plan order; a partly admitted group is never split;
+  the group moves only once the gate admits it (the runtime steals only within its admission budget).
+- `dispatch="fifo"` (the runtime's async mode): the head of one shared queue in dataset order; the
+  instances start with empty queues.
+When several instances are offered work at once (the start, `notify` after a version bump), they go in the
+policy's order: fewest running first, those with work of their own before those that would take it
+elsewhere. Every steal is counted per thief and per group.
 """
 from __future__ import annotations
 
@@ -40,9 +44,13 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from mindspeed_asp.policy import lightest, offer_order, steal_victim, wake_order
 from mindspeed_asp.types import CostModel, InstanceSpec
 
 INF = float("inf")
+DISPATCH = ("plan", "fifo")
+_OWN, _NONE, _FIFO = -1, -2, -3  # where the next group comes from (>= 0: the victim of a steal)
+_ADMITTED, _HELD, _RETRY = 0, 1, 2  # the gate's answer for a group, as the admission loop acts on it
 
 
 # --------------------------------------------------------------------------------------------- step costs
@@ -221,7 +229,9 @@ class Cluster:
                  spec: InstanceSpec, cost, *, gate: Optional[GateFn] = None,
                  on_group_done: Optional[Callable[[int, float], None]] = None,
                  kv_policy: str = "preempt", cost_scale: float = 1.0, work_stealing: bool = False,
-                 steal_load: Optional[np.ndarray] = None) -> None:
+                 steal_load: Optional[np.ndarray] = None, dispatch: str = "plan") -> None:
+        if dispatch not in DISPATCH:
+            raise ValueError(f"dispatch must be one of {DISPATCH}, got {dispatch!r}")
         lengths = np.asarray(lengths)
         if lengths.ndim != 2:
             raise ValueError(f"lengths must be [G, n], got shape {lengths.shape}")
@@ -282,6 +292,7 @@ class Cluster:
         self.steals = np.zeros(len(orders), dtype=np.int64)
         self.group_stolen = np.zeros(G, dtype=bool)
         self._qload = [0.0] * len(orders)  # load of each instance's not-started groups
+        self._inload = [0.0] * len(orders)  # load of each instance's dispatched, unfinished groups
         seen = np.zeros(G, dtype=bool)
         for j, order in enumerate(orders):
             order = np.asarray(order, dtype=np.int64)
@@ -296,6 +307,14 @@ class Cluster:
             head[::n] = True
             self.insts.append(_Inst(queue=sids.tolist(), head=head.tolist()))
             self._qload[j] = float(sum(self._gload[g] for g in order.tolist()))
+        self.dispatch = dispatch
+        self._fifo: List[int] = []  # fifo dispatch: groups in dataset order, taken from _fifo_ptr on
+        self._fifo_ptr = 0
+        if dispatch == "fifo":
+            self._fifo = np.flatnonzero(seen).tolist()
+            self.group_instance[:] = -1
+            for j, ins in enumerate(self.insts):
+                ins.queue, ins.head, self._qload[j] = [], [], 0.0
         self._heap: List[tuple] = []
         self._seq = 0
         self._started = False
@@ -306,8 +325,9 @@ class Cluster:
         if self._started:
             return
         self._started = True
-        for j, ins in enumerate(self.insts):
+        for ins in self.insts:
             ins.clock = t
+        for j in self._wake_order(range(len(self.insts))):
             self._admit_and_schedule(j)
 
     def peek_time(self) -> float:
@@ -345,20 +365,28 @@ class Cluster:
     def notify(self, t: float) -> None:
         """Re-offer held groups at time t (the gate's answer may have changed, e.g. a new version).
 
-        Held instances are offered in order of fewest running sequences (then index), as the runtime's
-        dispatcher fills the instance with the fewest groups in flight first; a fixed index order would let
-        the low-numbered instances take all the admission budget and starve the others.
+        Held instances, and idle ones that may take work from elsewhere, are offered in the policy's order
+        (the order the runtime's dispatcher fills free instances in): those with work of their own first,
+        then fewest running sequences, then index; a fixed index order would let the low-numbered instances
+        take all the admission budget and starve the others.
         """
-        held = [j for j, ins in enumerate(self.insts) if ins.held]
-        for j in sorted(held, key=lambda k: (self.insts[k].n, k)):
+        elsewhere = self.work_stealing or self.dispatch == "fifo"
+        cands = [j for j, ins in enumerate(self.insts) if ins.held or (elsewhere and self._idle_empty(ins))]
+        for j in self._wake_order(cands):
             ins = self.insts[j]
             if ins.held:
                 ins.held = False
                 self._wake(j, t)
-        if self.work_stealing:  # idle instances with nothing queued may steal what the budget now allows
-            for j, ins in enumerate(self.insts):
-                if ins.n == 0 and not ins.front and ins.ptr >= len(ins.queue) and not ins.held:
-                    self._wake(j, t)
+            elif self._idle_empty(ins):
+                self._wake(j, t)
+
+    @staticmethod
+    def _idle_empty(ins: "_Inst") -> bool:
+        return ins.n == 0 and not ins.front and ins.ptr >= len(ins.queue)
+
+    def _wake_order(self, cands) -> List[int]:
+        offered = offer_order([ins.n for ins in self.insts], cands)
+        return wake_order(offered, [ins.ptr < len(ins.queue) or bool(ins.front) for ins in self.insts])
 
     def _wake(self, j: int, t: float) -> None:
         """Let instance j admit at time t: now if idle, else at its first step boundary at or after t."""
@@ -382,19 +410,27 @@ class Cluster:
         if self.group_left[g] != 0:
             raise ValueError(f"group {g} is still generating; only finished groups can be regenerated")
         n = self.nsamp
-        sids = [g * n + s for s in range(n)]
-        loads = [len(ins.queue) - ins.ptr + ins.n + len(ins.front) for ins in self.insts]
-        j = int(np.argmin(loads))
-        ins = self.insts[j]
-        ins.queue[ins.ptr:ins.ptr] = sids
-        ins.head[ins.ptr:ins.ptr] = [True] + [False] * (n - 1)
-        for sid in sids:
+        for sid in range(g * n, (g + 1) * n):
             self.seq_progress[sid] = 0
-        self._qload[j] += self._gload[g]
         self.group_left[g] = n
         self.group_finish[g] = np.nan
-        self.group_instance[g] = j
         self.regenerated[g] += 1
+        if self.dispatch == "fifo":  # back to the front of the shared queue (the runtime's fifo.appendleft)
+            if self._fifo_ptr > 0:
+                self._fifo_ptr -= 1
+                self._fifo[self._fifo_ptr] = g
+            else:
+                self._fifo.insert(0, g)
+            self.group_instance[g] = -1
+            self.notify(t)
+            return -1
+        loads = [self._qload[k] + self._inload[k] for k in range(len(self.insts))]
+        j = lightest(loads, range(len(self.insts)))
+        ins = self.insts[j]
+        ins.queue[ins.ptr:ins.ptr] = list(range(g * n, (g + 1) * n))
+        ins.head[ins.ptr:ins.ptr] = [True] + [False] * (n - 1)
+        self._qload[j] += self._gload[g]
+        self.group_instance[g] = j
         self._wake(j, t)
         return j
 
@@ -483,6 +519,7 @@ class Cluster:
         ins.n, ins.kv = n, kv
         for g in done:
             self.group_finish[g] = clock
+            self._inload[j] -= self._gload[g]
             if self.on_group_done is not None:
                 self.on_group_done(g, clock)
         if self.K < INF and self.kv_policy == "preempt" and ins.kv + ins.n > self.K:
@@ -511,47 +548,93 @@ class Cluster:
             self.preemptions[j] += 1
             ins.front.append(sid)
 
-    def _steal(self, j: int) -> bool:
-        """Move the tail group of the most loaded other queue to instance j's (empty) queue; False if none."""
+    # ------------------------------------------------------------------ admission
+    def _source(self, j: int) -> int:
+        """Where instance j's next group comes from when its own queue is empty: the shared FIFO, the victim
+        of a steal (the policy's most loaded queue with a whole not-started group at its tail), or nowhere."""
+        if self.dispatch == "fifo":
+            return _FIFO if self._fifo_ptr < len(self._fifo) else _NONE
+        if not self.work_stealing:
+            return _NONE
         nsamp = self.nsamp
-        best, best_load = -1, 0.0
+        cands = []
         for v, other in enumerate(self.insts):
-            if v == j:
-                continue
             start = len(other.queue) - nsamp
-            # a whole not-started group at the tail (a partly admitted group is never split); not from an
-            # instance held by the gate: admission is closed, and the runtime steals only within its budget
-            if start < 0 or start < other.ptr or not other.head[start] or other.held:
-                continue
-            if best < 0 or self._qload[v] > best_load:
-                best, best_load = v, self._qload[v]
-        if best < 0:
-            return False
-        victim, ins = self.insts[best], self.insts[j]
-        sids = victim.queue[-nsamp:]
-        del victim.queue[-nsamp:]
-        del victim.head[-nsamp:]
-        g = sids[0] // nsamp
-        load = self._gload[g]
-        self._qload[best] -= load
-        self._qload[j] += load
+            # a partly admitted group is never split
+            if v != j and start >= other.ptr and start >= 0 and other.head[start]:
+                cands.append(v)
+        v = steal_victim(self._qload, cands)
+        return _NONE if v < 0 else v
+
+    def _source_head(self, src: int) -> int:
+        """First sequence of the group `src` would hand over (not moved yet)."""
+        if src == _FIFO:
+            return self._fifo[self._fifo_ptr] * self.nsamp
+        return self.insts[src].queue[-self.nsamp]
+
+    def _take_group(self, j: int, src: int) -> None:
+        """Move the group `src` hands over to the end of instance j's (empty) queue."""
+        nsamp, ins = self.nsamp, self.insts[j]
+        if src == _FIFO:
+            g = self._fifo[self._fifo_ptr]
+            self._fifo_ptr += 1
+            sids = list(range(g * nsamp, (g + 1) * nsamp))
+        else:
+            victim = self.insts[src]
+            sids = victim.queue[-nsamp:]
+            del victim.queue[-nsamp:]
+            del victim.head[-nsamp:]
+            g = sids[0] // nsamp
+            self._qload[src] -= self._gload[g]
+            self.group_stolen[g] = True
+            self.steals[j] += 1
+        self._qload[j] += self._gload[g]
         ins.queue.extend(sids)
         ins.head.extend([True] + [False] * (nsamp - 1))
         self.group_instance[g] = j
-        self.group_stolen[g] = True
-        self.steals[j] += 1
-        return True
+
+    def _open_group(self, j: int, src: int, g: int, now: float, n: int, ptr: int) -> int:
+        """Ask the gate for group g (own head, or from `src`); if admitted, take it and stamp its dispatch.
+
+        Held: the instance waits head-of-line for `notify` or the gate's retry time (pushed now when the
+        instance is idle: `_RETRY`, the caller returns at once).
+        """
+        if self.gate is not None:
+            ans = self.gate(g, now)
+            if ans is not None:
+                ins = self.insts[j]
+                ins.held = True
+                if ans != INF and ans > now:
+                    if n == 0:
+                        ins.ptr = ptr
+                        self._push_retry(j, ans)
+                        return _RETRY
+                    ins.retry_at = ans
+                return _HELD
+        if src != _OWN:
+            self._take_group(j, src)
+        self.group_dispatch[g] = now
+        self.group_version[g] = self.version
+        self._qload[j] -= self._gload[g]
+        self._inload[j] += self._gload[g]
+        return _ADMITTED
 
     def _admit_and_schedule(self, j: int) -> None:
         ins = self.insts[j]
-        now = ins.clock
-        if now < ins.paused_until and ins.n == 0:
+        if ins.clock < ins.paused_until and ins.n == 0:
             self._push_retry(j, ins.paused_until)
             return
+        if self._admit(j):
+            self._schedule_next_event(j)
+
+    def _admit(self, j: int) -> bool:
+        """Fill instance j's free slots at its step boundary: preempted sequences first, then its own queue in
+        plan order, then groups from elsewhere (`_source`). False when it returned early on a gate retry."""
+        ins = self.insts[j]
+        now = ins.clock
         B, K = self.B, self.K
         bounded = K < INF
         reserve = self.kv_policy == "reserve"
-        gate = self.gate
         q, head = ins.queue, ins.head
         nq = len(q)
         pl, ll, epoch, admit_step = self._pl, self._ll, self.seq_epoch, self.seq_admit_step
@@ -570,34 +653,20 @@ class Cluster:
                 front.pop()
                 self.recompute[j] += prog
             else:
-                if ptr >= nq:
-                    if not (self.work_stealing and self._steal(j)):
+                src = _OWN if ptr < nq else self._source(j)
+                if src == _NONE:
+                    break
+                sid = q[ptr] if src == _OWN else self._source_head(src)
+                need = pl[sid]
+                if bounded and (ins.reserved + need + ll[sid] > K if reserve else kv + n + need + 1 > K):
+                    break
+                if src != _OWN or head[ptr]:
+                    verdict = self._open_group(j, src, sid // nsamp, now, n, ptr)
+                    if verdict == _RETRY:
+                        return False
+                    if verdict == _HELD:
                         break
                     nq = len(q)
-                sid = q[ptr]
-                need = pl[sid]
-                if bounded:
-                    if reserve:
-                        if ins.reserved + need + ll[sid] > K:
-                            break
-                    elif kv + n + need + 1 > K:
-                        break
-                if head[ptr]:
-                    g = sid // nsamp
-                    if gate is not None:
-                        ans = gate(g, now)
-                        if ans is not None:
-                            ins.held = True
-                            if ans != INF and ans > now:
-                                if n == 0:
-                                    ins.ptr = ptr
-                                    self._push_retry(j, ans)
-                                    return
-                                ins.retry_at = ans
-                            break
-                    self.group_dispatch[g] = now
-                    self.group_version[g] = version
-                    self._qload[j] -= self._gload[g]
                 ptr += 1
                 prog = 0
                 seq_start[sid] = now
@@ -617,18 +686,24 @@ class Cluster:
         ins.n, ins.kv, ins.prefill, ins.ptr = n, kv, prefill, ptr
         if kv > self.kv_peak[j]:
             self.kv_peak[j] = int(kv)
+        return True
+
+    def _schedule_next_event(self, j: int) -> None:
+        """Push instance j's next event: the earliest finish, a KV overflow, or a pending gate retry."""
+        ins = self.insts[j]
+        n, kv, prefill, step, now = ins.n, ins.kv, ins.prefill, ins.step, ins.clock
         if n == 0:
             ins.event_time = INF
             ins.event_step = -1
             ins.token += 1
             return
-        # next event: the earliest finish, a KV overflow, or a pending gate retry
+        running, epoch = ins.running, self.seq_epoch
         while running and running[0][2] != epoch[running[0][1]]:
             heapq.heappop(running)
         ev = running[0][0]
-        if bounded and not reserve:
+        if self.K < INF and self.kv_policy != "reserve":
             # overflow when kv + n*d + n > K, i.e. at the first d with d > (K - kv - n) / n
-            d_over = int(math.floor((K - kv - n) / n)) + 1
+            d_over = int(math.floor((self.K - kv - n) / n)) + 1
             ev = min(ev, step + max(d_over, 1))
         if ins.retry_at < INF:
             rel = ins.retry_at - now
@@ -643,14 +718,15 @@ class Cluster:
 def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
                        spec: InstanceSpec, cost, release: Optional[Callable[[int], float]] = None, *,
                        kv_policy: str = "preempt", cost_scale: float = 1.0, work_stealing: bool = False,
-                       steal_load: Optional[np.ndarray] = None) -> InstanceTrace:
+                       steal_load: Optional[np.ndarray] = None, dispatch: str = "plan") -> InstanceTrace:
     """Run every instance's queue to completion and return the trace.
 
     `orders[j]` is instance j's ordered group indices; `lengths[g, s]` true response lengths; `release(g)`
     optionally gives the earliest time group g may be dispatched (its instance waits head-of-line until then).
     `cost` is a CostModel (closed-form) or anything with a vectorised `step_time` (e.g. TabulatedCost).
     `work_stealing` lets an instance with an empty queue take not-started groups from the most loaded one
-    (`steal_load[g]`: load measure, default group count).
+    (`steal_load[g]`: load measure, default group count); `dispatch="fifo"` ignores the orders' placement and
+    hands groups out from one queue in dataset order (the runtime's async mode).
     """
     gate = None
     if release is not None:
@@ -658,7 +734,7 @@ def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_len
             r = float(release(g))
             return None if r <= now else r
     cl = Cluster(orders, lengths, prompt_lens, spec, cost, gate=gate, kv_policy=kv_policy,
-                 cost_scale=cost_scale, work_stealing=work_stealing, steal_load=steal_load)
+                 cost_scale=cost_scale, work_stealing=work_stealing, steal_load=steal_load, dispatch=dispatch)
     cl.run()
     left = cl.unfinished_groups()
     if left:

@@ -5,20 +5,19 @@ still starve a streaming trainer, so the simulator couples the instance model (e
 one event loop and reports every metric and bound under the project's names.
 
 Modes:
-- "stream": ASP's asynchronous pipeline. Instances follow their plan queues. Admission control (AReaL's
-  capacity rule, docs/design.md section 6): a group is dispatched (its first sample admitted) only while
-  `dispatched - taken < (version + max_lag + 1 - updates_started) * M`, so it can still be trained by update
-  `version + max_lag`. The trainer takes finished groups earliest-deadline first (dispatch version, then the
-  plan's minibatch tag, then arrival), M per update (`alpha*tokens + overhead` seconds), then syncs weights
-  (`sync_time`; instances pause unless `sync_pauses_rollout=False`) and bumps the version. With
-  `stale_policy="wait"` an update starts only if every group still untrained can meet its deadline afterwards
-  (EDF feasibility, M per update): the trainer waits for an old group rather than train newer ones, which
-  guarantees lag <= max_lag for every trained sample with nothing dropped. `"drop"` never waits; the audit
-  then drops (and counts) the samples whose lag would exceed the bound. `"regenerate"` (the runtime's default)
-  never waits either: a ready group that this update could no longer train within the bound is sent back and
-  generated again from scratch on the least-loaded instance (counted; its first generation stays in the busy
-  time). Every trained sample is audited:
-  lag = update index - the policy version at its first admission (the oldest that produced a token).
+- "stream": the runtime's asynchronous modes under the runtime's policy (`mindspeed_asp/policy.py`, the
+  same `LagPolicy` the runtime's dispatcher and sample queue drive; docs/design.md "The policy").
+  Instances follow their plan queues (asp; `dispatch="fifo"`: one queue in dataset order, the runtime's
+  async mode). A group is dispatched (its first sample admitted) only while the policy admits it
+  (`accepted < (version + max_lag + 1) * M`). An update starts when M groups are ready and the policy's
+  waiting rule allows it (no group still generating would miss its deadline, dispatch version + max_lag);
+  it takes the M first in the policy's order (oldest dispatch version, then the plan's minibatch tag when
+  the assignment has tags, then arrival), takes `alpha*tokens + overhead` seconds, then syncs weights
+  (`sync_time`; instances pause unless `sync_pauses_rollout=False`) and bumps the version. Under these rules
+  no group goes stale; the audit still checks every ready group, and a stale one would be regenerated
+  (`stale_policy="regenerate"`, the runtime's default) or dropped (`"drop"`) as the runtime does. Lag of a
+  trained sample = update index - the policy version at its first admission (the oldest that produced a
+  token).
 - "stock": MindSpeed-RL's synchronous iteration: every instance runs its whole share, the iteration waits for
   the slowest instance, then trains ceil(G/M) minibatches in completion order, then syncs once.
 - Work stealing (`work_stealing`, default None = on for "stream" like the runtime's asp mode, off for "stock"
@@ -36,14 +35,16 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from mindspeed_asp.policy import (DEFAULT_STALE_POLICY, STALE_POLICIES, LagPolicy, check_stale_policy, is_stale,
+                                  train_key)
 from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
 from mindspeed_asp.metrics import generation_padding, lag_stats, skewness, tail_share
 from mindspeed_asp.sim import metrics as mx
-from mindspeed_asp.sim.engine import INF, Cluster, InstanceTrace
-from mindspeed_asp.sim.train_time import TrainerModel, group_tokens
+from mindspeed_asp.sim.engine import DISPATCH, INF, Cluster, InstanceTrace
+from mindspeed_asp.sim.train_time import TrainerModel
 
 MODES = ("stream", "stock", "single")
-STALE_POLICIES = ("wait", "drop", "regenerate")
+__all__ = ["MODES", "STALE_POLICIES", "SimResult", "simulate_pipeline"]
 
 
 @dataclass
@@ -55,6 +56,7 @@ class SimResult:
     Per-minibatch arrays: `mb_ready` (all its groups finished), `mb_start`, `mb_finish` (update done),
     `mb_sync_end`, `mb_groups`, `mb_tokens`. `queue_t`/`queue_q` is the ready-queue occupancy step function.
     `lags` holds the lag of every trained sample. `trace` is the instance trace (Gantt data).
+    `mb_group_ids` lists the trained groups in training order (split by `mb_groups`).
     """
 
     mode: str
@@ -73,6 +75,7 @@ class SimResult:
     lags: np.ndarray
     trace: InstanceTrace
     params: Dict[str, float] = field(default_factory=dict)
+    mb_group_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def summary(self) -> Dict[str, object]:
         """JSON-ready dict (no per-sample arrays)."""
@@ -82,150 +85,103 @@ class SimResult:
 
 
 class _Trainer:
-    """Streaming trainer state inside the event loop."""
+    """Streaming trainer state inside the event loop; every decision is the shared `LagPolicy`'s.
+
+    Events to the policy: dispatched (gate), finished (`group_done`), trained and stale (`try_start`).
+    """
 
     def __init__(self, trainer: TrainerModel, max_lag: int, stale_policy: str, sync_time: float,
-                 pause: bool, cl: Cluster, G: int, tokens_per_sample: np.ndarray) -> None:
+                 pause: bool, cl: Cluster, G: int, tokens_per_sample: np.ndarray,
+                 tags: Optional[np.ndarray]) -> None:
         self.t = trainer
         self.M = trainer.minibatch
         self.max_lag = max_lag
+        self.lag = LagPolicy(max_lag, self.M)
         self.stale_policy = stale_policy
         self.sync = sync_time
         self.pause = pause
         self.cl = cl
         self.G = G
         self.tok = tokens_per_sample  # [G, n]
-        self.version = 0
-        self.k = 0  # next update index (= trainer version)
+        self.tags = None if tags is None else tags.tolist()  # plan minibatch tag per group (-1 = untagged)
+        self.order = "oldest" if tags is None else "plan_tag"
+        self.version = 0  # = the index of the next update once the previous one is synced
         self.busy = False
-        self.dispatched = 0
-        self.finished = 0
-        self.inflight = [0]  # dispatched, unfinished groups per dispatch version
-        self.untrained = [0]  # dispatched, not yet taken by an update, per dispatch version
-        self.ready_by_v = [0]  # finished, not yet taken, per dispatch version
-        self.lo = 0  # lowest dispatch version that may still have untrained groups
-        self.k_started = 0  # updates started so far
-        self.ready: List[tuple] = []  # heap (dispatch version, plan tag, finish time, g)
-        self.tags = None  # plan minibatch tag per group (-1 = untagged)
+        self.finished = 0  # finished groups not sent back (trained, ready or dropped)
+        self.arrival = 0
+        self.ready: List[tuple] = []  # heap (policy train key, g)
         self.events: List[tuple] = []
         self._seq = 0
         self.rec: Dict[str, list] = {k: [] for k in ("ready", "start", "finish", "sync_end", "groups", "tokens")}
         self.lags: List[np.ndarray] = []
         self.sample_tokens: List[np.ndarray] = []
-        self.stale_dropped = 0
+        self.group_ids: List[int] = []
+        self.dropped_groups = 0
         self.regenerated = 0
         self.trained = 0
 
-    # gate: admission control (AReaL's capacity rule, counted against the updates still to start)
     def gate(self, g: int, now: float) -> Optional[float]:
-        """Dispatch only if the group can still be trained by update version + max_lag."""
-        untrained = self.dispatched - self.trained
-        if untrained < (self.version + self.max_lag + 1 - self.k_started) * self.M:
-            self.dispatched += 1
-            self.inflight[self.version] += 1
-            self.untrained[self.version] += 1
+        """Dispatch iff the policy admits one more group at the current version; else wait for `notify`."""
+        if self.lag.admits(self.version):
+            self.lag.on_dispatched(self.version)
             return None
         return INF
 
     def group_done(self, g: int, t: float) -> None:
         v = int(self.cl.group_version[g])
-        self.inflight[v] -= 1
+        self.lag.on_finished(v)
         self.finished += 1
-        tag = int(self.tags[g]) if self.tags is not None and self.tags[g] >= 0 else self.G
-        heapq.heappush(self.ready, (v, tag, t, g))
-        self.ready_by_v[v] += 1
+        tag = None if self.tags is None else self.tags[g]
+        heapq.heappush(self.ready, (train_key(v, tag, self.arrival, self.order), g))
+        self.arrival += 1
         self.try_start(t)
 
-    def _first_untrained(self) -> int:
-        # never past the current version: new dispatches happen at the current version
-        while self.lo < self.version and self.untrained[self.lo] == 0:
-            self.lo += 1
-        return self.lo
-
-    def _schedulable(self) -> bool:
-        """Can every remaining group still meet its deadline (dispatch version + max_lag) if the M oldest ready
-        groups train now?
-
-        EDF feasibility with M groups per update: for each later update k', the untrained groups due by k'
-        must fit into updates k+1..k'. Failing means an older group is still generating: wait for it. Only
-        the dispatch versions present are visited (the due count changes only there).
-        """
-        k, eta, M = self.k, self.max_lag, self.M
-        lo = self._first_untrained()
-        need = min(M, len(self.ready))
-        due = 0
-        for v in range(lo, self.version + 1):
-            take = min(self.ready_by_v[v], need)
-            need -= take
-            due += self.untrained[v] - take
-            if due > (v + eta - k) * M:
-                return False
-        return True
-
-    def _regenerate_stale(self, now: float) -> int:
-        """Send back every ready group that this update could not train within the bound; returns how many.
-
-        A group is stale when update k - (oldest version of its samples) > max_lag. It leaves the queue, stops
-        counting as dispatched and is generated again from scratch (the runtime's "regenerate" policy).
-        """
-        k, eta, n = self.k, self.max_lag, self.cl.nsamp
-        keep, stale = [], []
-        while self.ready and self.ready[0][0] < k - eta:
-            item = heapq.heappop(self.ready)
-            g = item[3]
-            oldest = int(self.cl.seq_version[g * n:(g + 1) * n].min())
-            (stale if k - oldest > eta else keep).append(item)
-        for item in keep:
-            heapq.heappush(self.ready, item)
-        for v, _, _, g in stale:
-            self.ready_by_v[v] -= 1
-            self.untrained[v] -= 1
-            self.dispatched -= 1
-            self.finished -= 1
-            self.regenerated += 1
-            self.cl.requeue(g, now)
-        return len(stale)
+    def _remove_stale(self, now: float) -> int:
+        """The audit: remove every ready group this update could no longer train within the bound (regenerate
+        or drop it, as the runtime's queue does); returns how many. Never fires under the policy's rules."""
+        k, eta, ready = self.version, self.max_lag, self.ready
+        removed = 0
+        while ready and is_stale(k, ready[0][0][0], eta):
+            key, g = heapq.heappop(ready)
+            self.lag.on_stale(key[0])
+            removed += 1
+            if self.stale_policy == "drop":
+                self.dropped_groups += 1
+            else:
+                self.finished -= 1
+                self.regenerated += 1
+                self.cl.requeue(g, now)
+        return removed
 
     def try_start(self, now: float) -> None:
         if self.busy or not self.ready:
             return
         all_done = self.finished == self.G
-        if len(self.ready) < self.M and not all_done:
+        take = self.M if len(self.ready) >= self.M else (len(self.ready) if all_done else 0)
+        if take == 0 or self.lag.must_wait(self.version, take):
             return
-        if self.stale_policy == "wait" and not self._schedulable():
-            return
-        if self.stale_policy == "regenerate" and self._regenerate_stale(now):
-            if len(self.ready) < self.M and not self.finished == self.G:
-                return
-            if not self.ready:
-                return
-        take = [heapq.heappop(self.ready) for _ in range(min(self.M, len(self.ready)))]
-        for v, _, _, _ in take:
-            self.untrained[v] -= 1
-            self.ready_by_v[v] -= 1
-        self.k_started += 1
-        groups = np.array([g for _, _, _, g in take], dtype=np.int64)
+        if self._remove_stale(now):
+            return self.try_start(now)
+        items = [heapq.heappop(self.ready) for _ in range(take)]
+        for key, _ in items:
+            self.lag.on_trained(key[0])
+        groups = np.array([g for _, g in items], dtype=np.int64)
         n = self.cl.nsamp
         sids = (groups[:, None] * n + np.arange(n)[None, :]).ravel()
-        lag = self.k - self.cl.seq_version[sids]
-        ok = lag <= self.max_lag
-        if self.stale_policy == "drop":
-            self.stale_dropped += int((~ok).sum())
-            lag = lag[ok]
-            toks = self.tok.ravel()[sids][ok]
-        else:
-            toks = self.tok.ravel()[sids]
+        lag = self.version - self.cl.seq_version[sids]
+        toks = self.tok.ravel()[sids]
         tokens = float(toks.sum())
         dur = self.t.train_time(tokens)
         self.busy = True
-        self.rec["ready"].append(max(t for _, _, t, _ in take))
+        self.rec["ready"].append(float(self.cl.group_finish[groups].max()))
         self.rec["start"].append(now)
         self.rec["finish"].append(now + dur)
-        self.rec["groups"].append(len(take))
+        self.rec["groups"].append(len(items))
         self.rec["tokens"].append(tokens)
         self.lags.append(lag)
         self.sample_tokens.append(toks)
-        self.trained += len(take)
+        self.group_ids.extend(groups.tolist())
+        self.trained += len(items)
         self._push(now + dur, "trained")
 
     def _push(self, t: float, kind: str) -> None:
@@ -246,14 +202,25 @@ class _Trainer:
         # synced (or no sync time): the new version is live everywhere
         self.rec["sync_end"].append(t)
         self.version += 1
-        self.k += 1
-        self.inflight.append(0)
-        self.untrained.append(0)
-        self.ready_by_v.append(0)
         self.cl.version = self.version
         self.busy = False
         self.cl.notify(t)
         self.try_start(t)
+
+
+@dataclass
+class _Run:
+    """What one simulated run produced, before the metrics (per-minibatch records as arrays)."""
+
+    trace: InstanceTrace
+    rec: Dict[str, np.ndarray]
+    lags: np.ndarray
+    sample_tokens: List[np.ndarray]
+    group_ids: np.ndarray
+    stale_dropped: int  # samples
+    regenerated: int  # groups
+    total_time: float
+    syncs: int
 
 
 def _steal_load(problem: PlanningProblem) -> Optional[np.ndarray]:
@@ -286,107 +253,149 @@ def _check_inputs(problem: PlanningProblem, assignment: Assignment, true_lengths
 
 def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_lengths: np.ndarray, *,
                       mode: str = "stream", max_lag: int = 1, trainer: TrainerModel, sync_time: float = 0.0,
-                      single_scaling: Optional[Callable[[int], float]] = None, stale_policy: str = "wait",
-                      sync_pauses_rollout: bool = True, kv_policy: str = "preempt",
-                      devices_per_instance: int = 1, trainer_devices: int = 0,
-                      with_bounds: bool = True, work_stealing: Optional[bool] = None) -> SimResult:
+                      single_scaling: Optional[Callable[[int], float]] = None,
+                      stale_policy: str = DEFAULT_STALE_POLICY, sync_pauses_rollout: bool = True,
+                      kv_policy: str = "preempt", devices_per_instance: int = 1, trainer_devices: int = 0,
+                      with_bounds: bool = True, work_stealing: Optional[bool] = None,
+                      dispatch: str = "plan") -> SimResult:
     """Simulate one window (iteration) of `problem` dispatched by `assignment`, with the true lengths.
 
     `trainer.minibatch` is M in groups. `sync_time` is one weight-sync round (seconds). `devices_per_instance`
     and `trainer_devices` only scale the throughput metrics (e2e_tps divides by instance devices, like
     MindSpeed-RL's; perf_throughput by all devices, like verl's). `with_bounds=False` skips the bounds (for
     planners that call this inside a search loop). `work_stealing` None means on for "stream", off otherwise.
+    `dispatch="fifo"` hands groups out in dataset order from one queue (the runtime's async mode).
     """
     L = _check_inputs(problem, assignment, true_lengths, mode, max_lag, trainer)
-    if stale_policy not in STALE_POLICIES:
-        raise ValueError(f"stale_policy must be one of {STALE_POLICIES}, got {stale_policy!r}")
-    G, n = L.shape
-    m = problem.instances
-    P = np.asarray(problem.prompts.prompt_lens, dtype=np.int64)
-    spec, orders, scale, m_eff = problem.spec, [np.asarray(o, dtype=np.int64) for o in assignment.orders], 1.0, m
-    if mode == "single":
-        if single_scaling is None:
-            raise ValueError("mode='single' needs single_scaling(m) -> speed-up of one m-device instance")
-        s = float(single_scaling(m))
-        if not s > 0:
-            raise ValueError(f"single_scaling({m}) must be > 0, got {s}")
-        spec = InstanceSpec(slots=spec.slots * m, kv_budget=None if spec.kv_budget is None else spec.kv_budget * m)
-        orders = [np.sort(np.concatenate(orders))]  # one engine, dataset order (FCFS)
-        scale, m_eff = 1.0 / s, 1
-    tok = L + P[:, None]  # prompt + response tokens per sample
-    M = trainer.minibatch
+    check_stale_policy(stale_policy)
+    if dispatch not in DISPATCH:
+        raise ValueError(f"dispatch must be one of {DISPATCH}, got {dispatch!r}")
+    spec, orders, scale, m_eff = _instances(problem, assignment, mode, single_scaling)
     steal = (mode == "stream") if work_stealing is None else bool(work_stealing)
-    steal = steal and mode != "single" and m > 1
-    steal_kw = {"work_stealing": steal, "steal_load": _steal_load(problem) if steal else None}
-
+    steal = steal and mode != "single" and problem.instances > 1 and dispatch == "plan"
+    P = np.asarray(problem.prompts.prompt_lens, dtype=np.int64)
+    cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, work_stealing=steal,
+                 steal_load=_steal_load(problem) if steal else None, dispatch=dispatch)
+    tok = L + P[:, None]  # prompt + response tokens per sample
     if mode == "stream":
-        cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, **steal_kw)
-        tr = _Trainer(trainer, max_lag, stale_policy, sync_time, sync_pauses_rollout, cl, G, tok)
-        tr.tags = np.asarray(assignment.minibatch, dtype=np.int64) if assignment.minibatch is not None else None
-        cl.gate = tr.gate
-        cl.on_group_done = tr.group_done
-        while True:
-            ti, tt = cl.peek_time(), tr.peek()
-            if ti == INF and tt == INF:
-                break
-            if tt <= ti:
-                tr.handle()
-            else:
-                cl.step()
-        if tr.trained != G:
-            raise RuntimeError(f"stream simulation stalled: {tr.trained}/{G} groups trained, "
-                               f"{cl.unfinished_groups()} unfinished (planner {assignment.planner!r})")
-        rec = {k: np.asarray(v, dtype=np.float64) for k, v in tr.rec.items()}
-        lags = np.concatenate(tr.lags) if tr.lags else np.zeros(0)
-        sample_tokens, stale_dropped, regenerated = tr.sample_tokens, tr.stale_dropped, tr.regenerated
-        trace = cl.trace()
-        total_time = float(rec["sync_end"][-1])
-        syncs = len(rec["sync_end"])
+        run = _run_stream(cl, assignment, trainer, tok, max_lag, stale_policy, sync_time, sync_pauses_rollout)
     else:
-        cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, **steal_kw)
-        cl.run()
-        trace = cl.trace()
-        R = trace.makespan
-        by_finish = np.argsort(trace.group_finish, kind="stable")
-        K = trainer.num_minibatches(G)
-        rec = {k: np.zeros(K) for k in ("ready", "start", "finish", "sync_end", "groups", "tokens")}
-        lag_parts, sample_tokens = [], []
-        t = R
-        for k in range(K):
-            gs = by_finish[k * M:(k + 1) * M]
-            toks = tok[gs].ravel()
-            dur = trainer.train_time(float(toks.sum()))
-            rec["ready"][k] = trace.group_finish[gs].max()
-            rec["start"][k], rec["finish"][k] = t, t + dur
-            rec["groups"][k], rec["tokens"][k] = len(gs), toks.sum()
-            lag_parts.append(k - trace.seq_version[(gs[:, None] * n + np.arange(n)).ravel()])
-            sample_tokens.append(toks)
-            t += dur
-        rec["sync_end"][:] = rec["finish"]
-        rec["sync_end"][-1] = t + sync_time
-        total_time = t + sync_time
-        lags = np.concatenate(lag_parts)
-        stale_dropped, regenerated, syncs = 0, 0, 1
+        run = _run_barrier(cl, trainer, tok, sync_time)
+    met = _metrics(run, L, tok, spec, trainer, mode, max_lag, sync_time,
+                   problem.instances * devices_per_instance, trainer_devices)
+    bounds: Dict[str, float] = {}
+    above: Dict[str, float] = {}
+    if with_bounds:
+        bounds, above = _bounds(run, met, L, P, problem, spec, orders, scale, m_eff, trainer, sync_time, mode)
+    else:
+        met["bubble/skew_gap"] = float("nan")
+    qt, qq = mx.queue_series(run.trace.group_finish, run.rec["start"], run.rec["groups"])
+    rec = run.rec
+    return SimResult(mode=mode, planner=assignment.planner, metrics=met, bounds=bounds, above=above,
+                     mb_ready=rec["ready"], mb_start=rec["start"], mb_finish=rec["finish"],
+                     mb_sync_end=rec["sync_end"], mb_groups=rec["groups"].astype(np.int64),
+                     mb_tokens=rec["tokens"], queue_t=qt, queue_q=qq, lags=np.asarray(run.lags), trace=run.trace,
+                     params={"max_lag": max_lag, "minibatch": trainer.minibatch, "alpha": trainer.alpha,
+                             "overhead": trainer.overhead, "sync_time": sync_time, "instances": problem.instances,
+                             "slots": problem.spec.slots, "single_scale": 1.0 / scale,
+                             "work_stealing": float(steal)},
+                     mb_group_ids=run.group_ids)
 
-    # ------------------------------------------------------------------ metrics
+
+def _instances(problem: PlanningProblem, assignment: Assignment, mode: str,
+               single_scaling: Optional[Callable[[int], float]]):
+    """(spec, orders, cost scale, instances) of the simulated cluster: the problem's, or for "single" one big
+    instance with every device (slots and KV times m, step cost / single_scaling(m), dataset order)."""
+    m = problem.instances
+    spec, orders = problem.spec, [np.asarray(o, dtype=np.int64) for o in assignment.orders]
+    if mode != "single":
+        return spec, orders, 1.0, m
+    if single_scaling is None:
+        raise ValueError("mode='single' needs single_scaling(m) -> speed-up of one m-device instance")
+    s = float(single_scaling(m))
+    if not s > 0:
+        raise ValueError(f"single_scaling({m}) must be > 0, got {s}")
+    spec = InstanceSpec(slots=spec.slots * m, kv_budget=None if spec.kv_budget is None else spec.kv_budget * m)
+    return spec, [np.sort(np.concatenate(orders))], 1.0 / s, 1
+
+
+def _run_stream(cl: Cluster, assignment: Assignment, trainer: TrainerModel, tok: np.ndarray, max_lag: int,
+                stale_policy: str, sync_time: float, sync_pauses_rollout: bool) -> _Run:
+    """The instances and the streaming trainer in one event loop (trainer events first on ties)."""
+    G = cl.G
+    tags = np.asarray(assignment.minibatch, dtype=np.int64) if assignment.minibatch is not None else None
+    tr = _Trainer(trainer, max_lag, stale_policy, sync_time, sync_pauses_rollout, cl, G, tok, tags)
+    cl.gate = tr.gate
+    cl.on_group_done = tr.group_done
+    while True:
+        ti, tt = cl.peek_time(), tr.peek()
+        if ti == INF and tt == INF:
+            break
+        if tt <= ti:
+            tr.handle()
+        else:
+            cl.step()
+    if tr.trained + tr.dropped_groups != G:
+        raise RuntimeError(f"stream simulation stalled: {tr.trained}/{G} groups trained, "
+                           f"{cl.unfinished_groups()} unfinished (planner {assignment.planner!r})")
+    rec = {k: np.asarray(v, dtype=np.float64) for k, v in tr.rec.items()}
+    return _Run(trace=cl.trace(), rec=rec, lags=np.concatenate(tr.lags) if tr.lags else np.zeros(0),
+                sample_tokens=tr.sample_tokens, group_ids=np.asarray(tr.group_ids, dtype=np.int64),
+                stale_dropped=tr.dropped_groups * cl.nsamp, regenerated=tr.regenerated,
+                total_time=float(rec["sync_end"][-1]), syncs=len(rec["sync_end"]))
+
+
+def _run_barrier(cl: Cluster, trainer: TrainerModel, tok: np.ndarray, sync_time: float) -> _Run:
+    """MindSpeed-RL's iteration: the whole window rolls out, then ceil(G/M) minibatches train in the policy's
+    order (a single version, so arrival = completion order), then one weight sync."""
+    cl.run()
+    trace = cl.trace()
+    G, n, M = cl.G, cl.nsamp, trainer.minibatch
+    arrival = np.empty(G, dtype=np.int64)
+    arrival[np.argsort(trace.group_finish, kind="stable")] = np.arange(G)
+    arr = arrival.tolist()
+    by_finish = np.array(sorted(range(G), key=lambda g: train_key(0, None, arr[g], "oldest")), dtype=np.int64)
+    K = trainer.num_minibatches(G)
+    rec = {k: np.zeros(K) for k in ("ready", "start", "finish", "sync_end", "groups", "tokens")}
+    lag_parts, sample_tokens = [], []
+    t = trace.makespan
+    for k in range(K):
+        gs = by_finish[k * M:(k + 1) * M]
+        toks = tok[gs].ravel()
+        dur = trainer.train_time(float(toks.sum()))
+        rec["ready"][k] = trace.group_finish[gs].max()
+        rec["start"][k], rec["finish"][k] = t, t + dur
+        rec["groups"][k], rec["tokens"][k] = len(gs), toks.sum()
+        lag_parts.append(k - trace.seq_version[(gs[:, None] * n + np.arange(n)).ravel()])
+        sample_tokens.append(toks)
+        t += dur
+    rec["sync_end"][:] = rec["finish"]
+    rec["sync_end"][-1] = t + sync_time
+    return _Run(trace=trace, rec=rec, lags=np.concatenate(lag_parts), sample_tokens=sample_tokens,
+                group_ids=by_finish, stale_dropped=0, regenerated=0, total_time=t + sync_time, syncs=1)
+
+
+def _metrics(run: _Run, L: np.ndarray, tok: np.ndarray, spec: InstanceSpec, trainer: TrainerModel, mode: str,
+             max_lag: int, sync_time: float, devices: int, trainer_devices: int) -> Dict[str, float]:
+    """Every metric under its docs/design.md section 5 name."""
+    trace, rec, total_time = run.trace, run.rec, run.total_time
     rollout_end = trace.makespan
     total_L = float(L.sum())
     all_tokens = float(tok.sum())
-    devices = m * devices_per_instance
     met: Dict[str, float] = {}
     met["bubble/padding"] = generation_padding(total_L, spec.slots, trace.steps)
-    met.update(mx.training_padding(sample_tokens, trainer.micro_batch, trainer.dp))
+    met.update(mx.training_padding(run.sample_tokens, trainer.micro_batch, trainer.dp))
     met["bubble/skewness"] = skewness(trace.busy)
     met["bubble/tail_share"] = tail_share(trace.seq_finish)
     busy_end = rec["sync_end"] if mode == "stream" else rec["finish"]
     if mode != "stream":
         busy_end = busy_end.copy()
         busy_end[-1] = total_time
-    met.update(mx.sorting_metrics(trace.group_finish, rec["ready"], rec["start"], busy_end, rec["groups"], M,
-                                  rollout_end, total_time))
-    met.update(lag_stats(lags, max_lag))
-    met["lag/stale_dropped"] = float(stale_dropped)
-    met["lag/regenerated_groups"] = float(regenerated)
+    met.update(mx.sorting_metrics(trace.group_finish, rec["ready"], rec["start"], busy_end, rec["groups"],
+                                  trainer.minibatch, rollout_end, total_time))
+    met.update(lag_stats(run.lags, max_lag))
+    met["lag/stale_dropped"] = float(run.stale_dropped)
+    met["lag/regenerated_groups"] = float(run.regenerated)
     met["throughput/e2e_tps"] = all_tokens / (devices * total_time) if total_time > 0 else 0.0
     met["throughput/perf_throughput"] = all_tokens / ((devices + trainer_devices) * total_time) \
         if total_time > 0 else 0.0
@@ -394,33 +403,26 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     met["time/iteration"] = total_time
     met["time/rollout"] = rollout_end
     met["time/train"] = float(np.sum(rec["finish"] - rec["start"]))
-    met["time/weight_sync"] = syncs * sync_time
+    met["time/weight_sync"] = run.syncs * sync_time
     met["time/first_minibatch"] = float(rec["start"][0]) if len(rec["start"]) else 0.0
     met["rollout/makespan_busy"] = float(trace.busy.max()) if len(trace.busy) else 0.0
     met["rollout/steps"] = float(trace.steps.sum())
     met["rollout/preemptions"] = float(trace.preemptions.sum())
     met["rollout/steals"] = float(trace.steals.sum()) if trace.steals is not None else 0.0
+    return met
 
-    bounds: Dict[str, float] = {}
-    above: Dict[str, float] = {}
-    if with_bounds:
-        bounds = mx.lower_bounds(L, P, m_eff, spec, problem.cost, trainer=trainer, sync_time=sync_time,
-                                 orders=orders, scale=scale, syncs=1)
-        R_LB = bounds["rollout/R_LB"]
-        met["bubble/skew_gap"] = met["rollout/makespan_busy"] / R_LB - 1.0 if R_LB > 0 else float("nan")
-        above["time/rollout"] = mx.percent_above(rollout_end, R_LB)
-        above["rollout/makespan_busy"] = mx.percent_above(met["rollout/makespan_busy"], R_LB)
-        e2e_key = "e2e/stream_LB" if mode == "stream" else "e2e/barrier_LB"
-        above["time/iteration"] = mx.percent_above(total_time, bounds[e2e_key])
-        above["rollout/steps"] = mx.percent_above(met["rollout/steps"], bounds["steps/LB"])
-    else:
-        met["bubble/skew_gap"] = float("nan")
-    qt, qq = mx.queue_series(trace.group_finish, rec["start"], rec["groups"])
-    return SimResult(mode=mode, planner=assignment.planner, metrics=met, bounds=bounds, above=above,
-                     mb_ready=rec["ready"], mb_start=rec["start"], mb_finish=rec["finish"],
-                     mb_sync_end=rec["sync_end"], mb_groups=rec["groups"].astype(np.int64),
-                     mb_tokens=rec["tokens"], queue_t=qt, queue_q=qq, lags=np.asarray(lags), trace=trace,
-                     params={"max_lag": max_lag, "minibatch": M, "alpha": trainer.alpha,
-                             "overhead": trainer.overhead, "sync_time": sync_time, "instances": m,
-                             "slots": problem.spec.slots, "single_scale": 1.0 / scale,
-                             "work_stealing": float(steal)})
+
+def _bounds(run: _Run, met: Dict[str, float], L: np.ndarray, P: np.ndarray, problem: PlanningProblem,
+            spec: InstanceSpec, orders, scale: float, m_eff: int, trainer: TrainerModel, sync_time: float,
+            mode: str):
+    """Lower bounds and "% above bound" (also sets `bubble/skew_gap` in `met`)."""
+    bounds = mx.lower_bounds(L, P, m_eff, spec, problem.cost, trainer=trainer, sync_time=sync_time,
+                             orders=orders, scale=scale, syncs=1)
+    R_LB = bounds["rollout/R_LB"]
+    met["bubble/skew_gap"] = met["rollout/makespan_busy"] / R_LB - 1.0 if R_LB > 0 else float("nan")
+    e2e_key = "e2e/stream_LB" if mode == "stream" else "e2e/barrier_LB"
+    above = {"time/rollout": mx.percent_above(run.trace.makespan, R_LB),
+             "rollout/makespan_busy": mx.percent_above(met["rollout/makespan_busy"], R_LB),
+             "time/iteration": mx.percent_above(run.total_time, bounds[e2e_key]),
+             "rollout/steps": mx.percent_above(met["rollout/steps"], bounds["steps/LB"])}
+    return bounds, above

@@ -20,6 +20,7 @@ import numpy as np
 
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
+from mindspeed_asp.policy import DEFAULT_STALE_POLICY
 from mindspeed_asp.sim.metrics import lower_bounds
 from mindspeed_asp.sim.pipeline import MODES, SimResult, simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
@@ -39,7 +40,7 @@ class SweepConfig:
     sync_time: float = 0.0
     overhead: float = 0.0
     estimator: str = "history"
-    stale_policy: str = "wait"
+    stale_policy: str = DEFAULT_STALE_POLICY  # the runtime's asp.stale_policy default
     work_stealing: Optional[bool] = None  # None: on for stream (the runtime's asp/async modes), off for stock
     cost: CostModel = CostModel()
     single_scaling: Optional[Callable[[int], float]] = None
