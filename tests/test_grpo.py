@@ -109,11 +109,9 @@ def test_grpo_token_loss_adds_kl_term():
     assert float(with_kl - base) == pytest.approx(0.1 * float(st1["kl_sum"]), rel=1e-5)
 
 
-def test_entropy_of_uniform_and_padding_bubble():
+def test_entropy_of_uniform():
     ent = grpo.token_entropy(torch.zeros(2, 8))
     assert ent.tolist() == pytest.approx([math.log(8)] * 2, rel=1e-6)
-    assert grpo.padding_bubble([3, 5, 4]) == (3, 12)
-    assert grpo.padding_bubble([]) == (0, 0)
 
 
 # ---------------------------------------------------------------------------- the decoupled objective

@@ -310,10 +310,3 @@ def grpo_token_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages
         stats["kl_sum"] = torch.zeros((), dtype=logp.dtype)
     return total, stats
 
-
-def padding_bubble(lengths: Sequence[int]) -> Tuple[int, int]:
-    """(padded tokens, real tokens) of one right-padded micro-batch: docs/design.md section 5's training bubble."""
-    if not lengths:
-        return 0, 0
-    real = int(sum(lengths))
-    return int(max(lengths)) * len(lengths) - real, real

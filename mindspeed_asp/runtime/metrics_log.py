@@ -18,6 +18,7 @@ import numpy as np
 
 from mindspeed_asp.atomic import write_text
 from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
+from mindspeed_asp.metrics import generation_padding, idle_share, lag_histogram, lag_stats, skewness, tail_share
 
 STEPS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -108,6 +109,7 @@ class RunRecorder:
         s: Dict[str, Any] = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
                              "steps": len(self.steps)}
         s.update(lag_stats(self.lags, self.max_lag))
+        s["lag/hist"] = lag_histogram(self.lags)
         s.update(offpolicy_summary(self.steps))
         s.update(self._bubbles())
         s.update(self._times_and_throughput())
@@ -137,13 +139,12 @@ class RunRecorder:
         skews, tails = [], []
         for w in windows:
             gs = [g for g in self.groups if g.window == w]
-            sk = skewness(gs, self.instances)
+            sk = group_skewness(gs, self.instances)
             skews.append(sk["skew"])
             tails.append(sk["after90"])
         out["bubble/skewness"] = float(np.mean(skews)) if skews else 0.0
         out["bubble/skewness_after90"] = float(np.mean(tails)) if tails else 0.0
-        out["bubble/padding"], out["bubble/padding_basis"] = generation_padding(
-            self.groups, self.slots, self.decode_steps)
+        out["bubble/padding"], out["bubble/padding_basis"] = run_padding(self.groups, self.slots, self.decode_steps)
         span = self.run_span()
         idle = sum(b - a for a, b in self.trainer_idle)
         out["bubble/sorting"] = idle / span if span > 0 else 0.0
@@ -196,17 +197,7 @@ class RunRecorder:
         return summary
 
 
-# -------------------------------------------------------------------- definitions (pure functions)
-def lag_stats(lags: Sequence[int], max_lag: int) -> Dict[str, float]:
-    """`lag/{mean,p99,max,frac_over_bound}` over trained samples, plus the histogram."""
-    a = np.asarray(lags, dtype=np.int64)
-    if len(a) == 0:
-        return {"lag/mean": 0.0, "lag/p99": 0.0, "lag/max": 0, "lag/frac_over_bound": 0.0, "lag/hist": {}}
-    return {"lag/mean": float(a.mean()), "lag/p99": float(np.percentile(a, 99)), "lag/max": int(a.max()),
-            "lag/frac_over_bound": float((a > max_lag).mean()),
-            "lag/hist": {str(int(k)): int(v) for k, v in zip(*np.unique(a, return_counts=True))}}
-
-
+# ------------------------------------------- from the recorder's spans to mindspeed_asp.metrics' definitions
 #: Per-step keys of the off-policy correction (the trainer's `offpolicy/*` stats) and the token-weighted lag.
 OFFPOLICY_PREFIX = "offpolicy/"
 TOKEN_LAG_KEY = "lag/token_weighted_mean"
@@ -254,33 +245,28 @@ def instance_busy(groups: Sequence[GroupSpan], instances: int) -> Dict[int, floa
     return {j: _union_length([(g.start, g.end) for g in groups if g.instance == j]) for j in range(instances)}
 
 
-def skewness(groups: Sequence[GroupSpan], instances: int) -> Dict[str, float]:
-    """`1 - mean_j(T_j)/R` with R = max_j T_j, and the share of the window after 90% of groups finished."""
+def group_skewness(groups: Sequence[GroupSpan], instances: int) -> Dict[str, float]:
+    """One window's `skew` (`metrics.skewness` of the instances' busy times) and `after90` (`metrics.tail_share`
+    of the group ends from the window's first start)."""
     if not groups:
         return {"skew": 0.0, "after90": 0.0}
     busy = instance_busy(groups, instances)
-    R = max(busy.values())
-    skew = 1.0 - float(np.mean(list(busy.values()))) / R if R > 0 else 0.0
-    start = min(g.start for g in groups)
-    ends = np.sort([g.end for g in groups])
-    t90 = ends[max(0, int(math.ceil(0.9 * len(ends))) - 1)]
-    window = ends[-1] - start
-    return {"skew": skew, "after90": float((ends[-1] - t90) / window) if window > 0 else 0.0}
+    return {"skew": skewness(list(busy.values())),
+            "after90": tail_share([g.end for g in groups], start=min(g.start for g in groups))}
 
 
-def generation_padding(groups: Sequence[GroupSpan], slots: int,
-                       decode_steps: Dict[int, int]) -> Tuple[float, str]:
-    """Idle slot share `1 - sum(L) / (B * sum_j S_j)`.
+def run_padding(groups: Sequence[GroupSpan], slots: int, decode_steps: Dict[int, int]) -> Tuple[float, str]:
+    """`bubble/padding` and its basis.
 
-    With engine step counts S_j this is the docs/design.md definition ("steps"); without them the slot-time
-    form is used ("time"): each sequence occupies a slot from its group's start to its own end, estimated
-    from the group's span scaled by its length share, over B slots times the instance's busy time.
+    With engine step counts S_j it is `metrics.generation_padding` ("steps"); without them the slot-time form
+    ("time"): each sequence occupies a slot from its group's start to its own end, estimated from the group's
+    span scaled by its length share, over B slots times the instances' busy time (`metrics.idle_share`).
     """
     if not groups:
         return 0.0, "none"
     if decode_steps and sum(decode_steps.values()) > 0:
         total_L = sum(sum(g.sample_lengths) for g in groups)
-        return max(0.0, 1.0 - total_L / (slots * sum(decode_steps.values()))), "steps"
+        return generation_padding(total_L, slots, list(decode_steps.values())), "steps"
     instances = max(g.instance for g in groups) + 1
     busy = instance_busy(groups, instances)
     used = 0.0
@@ -288,8 +274,7 @@ def generation_padding(groups: Sequence[GroupSpan], slots: int,
         longest = max(g.sample_lengths) if g.sample_lengths else 0
         if longest > 0:
             used += (g.end - g.start) * sum(g.sample_lengths) / longest
-    cap = slots * sum(busy.values())
-    return (max(0.0, 1.0 - used / cap) if cap > 0 else 0.0), "time"
+    return idle_share(used, slots * sum(busy.values())), "time"
 
 
 def _count(items) -> Dict[str, int]:

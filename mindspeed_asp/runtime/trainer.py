@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from mindspeed_asp.metrics import micro_batch_padding, padding_share
 from mindspeed_asp.runtime import grpo
 from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, token_weighted_lag
 
@@ -147,9 +148,9 @@ class GRPOTrainer:
         offpolicy: List[grpo.OffPolicyTerms] = []
         for idx in micro:
             batch = [seqs[i] for i in idx]
-            padded, real = grpo.padding_bubble([s.length for s in batch])
-            padded_total, real_total = padded_total + padded, real_total + real
-            pad_shares.append(padded / (padded + real))
+            padded, real = micro_batch_padding([s.length for s in batch])
+            padded_total, real_total = padded_total + int(padded), real_total + int(real)
+            pad_shares.append(padding_share(padded, real))
             ids, attn, resp_mask, behaviour, has_behaviour, current, adv = self._tensors(batch)
             logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1] / self.temperature
             logp = grpo.token_logprobs(logits, ids[:, 1:])
@@ -209,7 +210,7 @@ class GRPOTrainer:
             "samples": len(seqs),
             "groups": len(groups),
             "micro_batches": len(micro),
-            "bubble/padding_train": padded_total / max(1, padded_total + real_total),
+            "bubble/padding_train": padding_share(padded_total, real_total),
             "bubble/padding_train_max": max(pad_shares),
             "reward_mean": sum(reward_flat) / len(reward_flat),
             "adv_abs_mean": sum(abs(s.advantage) for s in seqs) / len(seqs),

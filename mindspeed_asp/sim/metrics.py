@@ -1,8 +1,8 @@
-"""Bubble metrics and lower bounds, exactly as docs/design.md section 5 and docs/design.md section 5 define them.
+"""The simulator's lower bounds and the bubbles only a simulation sees, as docs/design.md section 5 defines them.
 
-Why one module: the simulator, the runtime's metric logger and the benchmarks must report the same numbers
-under the same names, and a bound that is wrong by a little makes every "% above bound" meaningless, so the
-formulas live in one place with tests that no simulated plan ever beats them.
+Why here: a bound that is wrong by a little makes every "% above bound" meaningless, so the bounds live in one
+place with tests that no simulated plan ever beats them. The metrics a measured run reports too (lag
+statistics, skewness, tail share, padding) are `mindspeed_asp.metrics`'s, shared with the run recorder.
 
 Notation: T_j busy time of instance j, R = max_j T_j, S_j decode steps, L true lengths, B slots, m instances.
 """
@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from mindspeed_asp.metrics import micro_batch_padding, padding_share
 from mindspeed_asp.types import CostModel, InstanceSpec
 
 METRIC_NAMES = (
@@ -125,30 +126,6 @@ def lower_bounds(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, s
     return out
 
 
-# ------------------------------------------------------------------------------------------ rollout bubbles
-def generation_padding(total_tokens: float, slots: int, steps: np.ndarray) -> float:
-    """bubble/padding (generation): idle slot-steps, 1 - sum(L) / (B * sum_j S_j)."""
-    denom = float(slots) * float(np.sum(steps))
-    return 1.0 - float(total_tokens) / denom if denom > 0 else 0.0
-
-
-def skewness(busy: np.ndarray) -> float:
-    """bubble/skewness: 1 - mean_j(T_j) / R, the share of instance time idle at the end."""
-    busy = np.asarray(busy, dtype=np.float64)
-    R = float(busy.max()) if len(busy) else 0.0
-    return 1.0 - float(busy.mean()) / R if R > 0 else 0.0
-
-
-def tail_share(seq_finish: np.ndarray, start: float = 0.0) -> float:
-    """Share of the rollout wall time spent after 90% of sequences finished (Seer's "last 10%")."""
-    f = np.sort(np.asarray(seq_finish, dtype=np.float64))
-    if len(f) == 0:
-        return 0.0
-    end = f[-1] - start
-    t90 = f[int(math.ceil(0.9 * len(f))) - 1] - start
-    return (end - t90) / end if end > 0 else 0.0
-
-
 # ------------------------------------------------------------------------------------------ training side
 def training_padding(sample_tokens: List[np.ndarray], micro_batch: Optional[int], dp: int) -> Dict[str, float]:
     """bubble/padding_train and bubble/dp_imbalance over the trained minibatches.
@@ -182,10 +159,9 @@ def training_padding(sample_tokens: List[np.ndarray], micro_batch: Optional[int]
                 continue
             mb = len(r) if micro_batch is None else micro_batch
             for s in range(0, len(r), mb):
-                chunk = r[s:s + mb]
-                pad += len(chunk) * chunk.max() - chunk.sum()
-                real += chunk.sum()
-    return {"bubble/padding_train": pad / (pad + real) if pad + real > 0 else 0.0,
+                p, t = micro_batch_padding(r[s:s + mb])
+                pad, real = pad + p, real + t
+    return {"bubble/padding_train": padding_share(pad, real),
             "bubble/dp_imbalance": imb / imb_w if imb_w > 0 else 1.0}
 
 
@@ -247,14 +223,3 @@ def sorting_metrics(arrivals: np.ndarray, mb_ready: np.ndarray, mb_start: np.nda
             "bubble/queue_cv": queue_cv,
             "bubble/arrival_gap_cv": gap_cv,
             "bubble/queue_starved": starved / rollout_end if rollout_end > 0 else 0.0}
-
-
-def lag_metrics(lags: np.ndarray, max_lag: int, stale_dropped: int = 0) -> Dict[str, float]:
-    """lag/{mean,p99,max,frac_over_bound} over trained samples; lag/stale_dropped counts audit drops."""
-    lags = np.asarray(lags, dtype=np.float64)
-    if len(lags) == 0:
-        return {"lag/mean": 0.0, "lag/p99": 0.0, "lag/max": 0.0, "lag/frac_over_bound": 0.0,
-                "lag/stale_dropped": float(stale_dropped)}
-    return {"lag/mean": float(lags.mean()), "lag/p99": float(np.percentile(lags, 99)),
-            "lag/max": float(lags.max()), "lag/frac_over_bound": float(np.mean(lags > max_lag)),
-            "lag/stale_dropped": float(stale_dropped)}

@@ -98,15 +98,16 @@ def rollout_span(groups: Sequence[GroupResult]) -> float:
 def iteration_metrics(groups: Sequence[GroupResult], lags: Sequence[int], max_lag: int, instances: int,
                       t_iter: float, wait_s: float, sync_s: float, total_npus: int) -> Dict[str, float]:
     """ASP's metrics of one iteration from the trained groups (lag statistics as the runtime computes them)."""
-    from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, GroupSpan, lag_stats, skewness, token_weighted_lag
+    from mindspeed_asp.metrics import lag_stats
+    from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, GroupSpan, group_skewness, token_weighted_lag
     spans = [GroupSpan(g.instance, int(g.group_id), g.t_enqueued, g.t_started, g.t_finished,
                        len(g.prompt_token_ids) * len(g.samples), g.response_tokens,
                        [len(s.token_ids) for s in g.samples], g.min_version, 0) for g in groups]
-    sk = skewness(spans, instances)
+    sk = group_skewness(spans, instances)
     ls = lag_stats(list(lags), max_lag)
     tokens = sum(s.prompt_tokens + s.response_tokens for s in spans)
     return {
-        "lag/mean": ls["lag/mean"], "lag/p99": ls["lag/p99"], "lag/max": float(ls["lag/max"]),
+        "lag/mean": ls["lag/mean"], "lag/p99": ls["lag/p99"], "lag/max": ls["lag/max"],
         "lag/frac_over_bound": ls["lag/frac_over_bound"], TOKEN_LAG_KEY: token_weighted_lag(lags, [len(s.token_ids) for g in groups for s in g.samples]),
         "bubble/skewness": sk["skew"], "bubble/after90": sk["after90"],
         "bubble/sorting": wait_s / t_iter if t_iter > 0 else 0.0,
