@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_sim_speed.py [--groups 100000] [--repeat 2] [--json out.json]
 
 Why a separate benchmark: the planner scores candidates with the simulator, and the target (<= 30 s for
-64 x 10^5 x 8) must hold whatever the policy rules cost in the event loop (docs/design.md, the policy).
+64 x 10^5 x 8) must hold whatever the policy rules cost in the event loop (docs/design.md section 6.1).
 Cases: stock, and stream at max_lag 1 and 4, on a round-robin plan (64 slots, minibatch 512, rho 1, 1 s
 sync), plus stream at max_lag 2 with plan minibatch tags and predicted-token steal loads (the asp path:
 tagged minibatch order, work stealing by load). Best CPU time of `--repeat` runs is reported (single
@@ -23,7 +23,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate,  # noqa: E402
-                                           PlanningProblem)
+                                 PlanningProblem)
 from mindspeed_asp.sim.metrics import lower_bounds  # noqa: E402
 from mindspeed_asp.sim.pipeline import simulate_pipeline  # noqa: E402
 from mindspeed_asp.sim.train_time import trainer_for_rho  # noqa: E402

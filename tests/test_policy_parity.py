@@ -2,7 +2,7 @@
 dispatch, steal, admission and training-order decisions, for stock, async and asp at max_lag 0, 1 and 2.
 
 Why: the planner scores its candidates with the simulator, so a simulated figure is only worth something if
-the simulator runs the runtime's policy (docs/design.md, "The policy"). Both sides call
+the simulator runs the runtime's policy (docs/design.md section 6.1). Both sides call
 `mindspeed_asp/policy.py`; this test keeps the *callers* equal too (when they offer work, in which order
 they ask, which events they report).
 
@@ -26,7 +26,7 @@ from mindspeed_asp.policy import LagPolicy
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
 from mindspeed_asp.runtime.sample_queue import SampleQueue
 from mindspeed_asp.scheduler.baselines import plan_stock
-from mindspeed_asp.scheduler.fluid import group_moments
+from mindspeed_asp.fluid import group_moments
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
 from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,

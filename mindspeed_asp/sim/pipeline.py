@@ -6,7 +6,7 @@ one event loop and reports every metric and bound under the project's names.
 
 Modes:
 - "stream": the runtime's asynchronous modes under the runtime's policy (`mindspeed_asp/policy.py`, the
-  same `LagPolicy` the runtime's dispatcher and sample queue drive; docs/design.md "The policy").
+  same `LagPolicy` the runtime's dispatcher and sample queue drive; docs/design.md section 6.1).
   Instances follow their plan queues (asp; `dispatch="fifo"`: one queue in dataset order, the runtime's
   async mode). A group is dispatched (its first sample admitted) only while the policy admits it
   (`accepted < (version + max_lag + 1) * M`). An update starts when M groups are ready and the policy's
@@ -38,6 +38,7 @@ import numpy as np
 from mindspeed_asp.policy import (DEFAULT_STALE_POLICY, STALE_POLICIES, LagPolicy, check_stale_policy, is_stale,
                                   train_key)
 from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
+from mindspeed_asp.fluid import group_moments
 from mindspeed_asp.metrics import generation_padding, lag_stats, skewness, tail_share
 from mindspeed_asp.sim import metrics as mx
 from mindspeed_asp.sim.engine import DISPATCH, INF, Cluster, InstanceTrace
@@ -227,8 +228,6 @@ def _steal_load(problem: PlanningProblem) -> Optional[np.ndarray]:
     """Predicted tokens per group (the runtime dispatcher's steal load), or None without an estimate."""
     if problem.estimate is None:
         return None
-    from mindspeed_asp.scheduler.fluid import group_moments
-
     return group_moments(problem).area
 
 
