@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from mindspeed_asp.sim import sweep
+from mindspeed_asp.experiments import sweep
 from _results import public_arg, write_results
 from mindspeed_asp.sim.train_time import trainer_for_rho
 

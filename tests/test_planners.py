@@ -8,7 +8,7 @@ import pytest
 
 from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.asp_planner import RULES, order_instance, plan_asp
-from mindspeed_asp.scheduler.fluid import group_moments, rollout_lower_bound
+from mindspeed_asp.fluid import group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
 from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet

@@ -303,7 +303,7 @@ def test_user_report_regenerate_kv_budget_asp_completes(monkeypatch):
     --sync-time 3` with the report's cost file), through the sweep API the CLI uses. Under the shared policy
     the run no longer regenerates (nothing goes stale); the crash itself stays covered by the direct
     `Cluster.requeue` regression above."""
-    from mindspeed_asp.sim.sweep import SweepConfig, prepare, run_planner
+    from mindspeed_asp.experiments.sweep import SweepConfig, prepare, run_planner
 
     cost = CostModel(**json.loads('{"a":0.030,"b":0.0001,"c":6e-08,"p":0.0001}'))
     cfg = SweepConfig(instances=4, slots=64, kv_budget=100000, minibatch=16, rho=1.98, max_lag=2,

@@ -110,7 +110,7 @@ def handle(args: argparse.Namespace) -> int:
     from mindspeed_asp.errors import InputError
     from mindspeed_asp.memory_budget import check_fits, planning_bytes
     from mindspeed_asp.types import CostModel
-    from mindspeed_asp.sim import sweep
+    from mindspeed_asp.experiments import sweep
     from mindspeed_asp.cost_model import load_cost_json
 
     # ranges and finiteness of the numbers: argparse types (mindspeed_asp.argtypes)

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindspeed_asp.atomic import write_text
+from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
 from mindspeed_asp.metrics import generation_padding, idle_share, lag_histogram, lag_stats, skewness, tail_share
 
@@ -299,6 +300,5 @@ def _clean(obj: Any) -> Any:
 
 
 def read_steps(run_dir: str | Path) -> List[Dict[str, Any]]:
-    """The per-step records of a run directory."""
-    path = Path(run_dir) / STEPS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The per-step records of a run directory (a bad line is refused with the file and line named)."""
+    return [rec for _, rec in iter_jsonl_objects(Path(run_dir) / STEPS_FILE)]

@@ -18,9 +18,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindspeed_asp.fluid import GroupMoments, group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler import partition, scenarios
-from mindspeed_asp.scheduler.fluid import GroupMoments, group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
+from mindspeed_asp.sim.pipeline import simulate_pipeline
+from mindspeed_asp.sim.train_time import TrainerModel
 from mindspeed_asp.types import Assignment, InstanceSpec, LengthEstimate, PlanningProblem
 
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
@@ -32,7 +34,6 @@ RULES = ("curve", "long_first")  # "random" stays a valid rule; verl_kk (random 
 DEFAULT_THETA = 0.5
 DEFAULT_RULE = "curve"
 DEFAULT_EPS = 0.2
-SCENARIOS = 6  # fluid evaluator (no simulator installed)
 SIM_SCENARIOS = 2  # event simulator: each scenario is one full simulation per candidate
 SIM_SEQ_BUDGET = 3200  # small windows get more scenarios: up to this many simulated sequences per candidate
 SIM_MAX_SCENARIOS = 6
@@ -253,16 +254,6 @@ def _selection_problem(problem: PlanningProblem, rng: np.random.Generator) -> Pl
                            max_lag=problem.max_lag, work_stealing=problem.work_stealing)
 
 
-def _simulator():
-    """Engineer C's event simulator (`mindspeed_asp.sim`), or None when it cannot be imported."""
-    try:
-        from mindspeed_asp.sim.pipeline import simulate_pipeline
-        from mindspeed_asp.sim.train_time import TrainerModel
-    except ImportError:
-        return None
-    return simulate_pipeline, TrainerModel
-
-
 def scenario_count(problem: PlanningProblem) -> int:
     """Event-simulated scenarios per candidate: SIM_SCENARIOS, more for small windows (same cost budget)."""
     seqs = max(1, len(problem.prompts) * problem.prompts.n)
@@ -286,27 +277,18 @@ def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Gen
            lengths: Optional[np.ndarray] = None) -> Tuple[List[Tuple[float, float, float]], float, int, np.ndarray]:
     """(mean e2e, p90 e2e, mean rollout) of every candidate over sampled length scenarios.
 
-    With the event simulator: streaming trainer with the problem's max_lag and work stealing (the regime the
-    plan runs in), alpha set so that training the window takes rho times its predicted rollout bound; every
-    candidate sees the same scenarios (common random numbers). Small windows get more scenarios
-    (`scenario_count`). Without the simulator: the fluid model (scenarios.py).
-    Returns the scores, the evaluator code (2 = simulator, 1 = fluid), the number of scenarios and the
-    scenarios (pass them back to score more candidates on the same draws).
+    Scored with the event simulator (the planner sits above it, docs/design.md section 3): streaming trainer
+    with the problem's max_lag and work stealing (the regime the plan runs in), alpha set so that training the
+    window takes rho times its predicted rollout bound; every candidate sees the same scenarios (common random
+    numbers). Small windows get more scenarios (`scenario_count`).
+    Returns the scores, the evaluator code (2 = simulator), the number of scenarios and the scenarios (pass
+    them back to score more candidates on the same draws).
     """
     gm = group_moments(problem)
     r_hat = rollout_lower_bound(gm, problem.instances, problem.cost)
     train_total = float(problem.rho) * r_hat
-    sim = _simulator()
-    k = scenario_count(problem) if sim is not None else SCENARIOS
     if lengths is None:
-        lengths = scenarios.sample_scenarios(problem, k, rng)
-    if sim is None:
-        out = []
-        for cand in cands:
-            res = scenarios.evaluate(problem, cand.orders, lengths, train_total)
-            out.append((res.objective(), float(np.percentile(res.e2e, 90)), float(res.rollout.mean())))
-        return out, 1.0, lengths.shape[0], lengths
-    simulate_pipeline, TrainerModel = sim
+        lengths = scenarios.sample_scenarios(problem, scenario_count(problem), rng)
     plen = np.asarray(problem.prompts.prompt_lens, dtype=np.float64)
     tokens = float((lengths.sum(axis=2) + problem.prompts.n * plen[None, :]).sum(axis=1).mean())
     trainer = TrainerModel(alpha=train_total / max(tokens, 1e-12), overhead=0.0, minibatch=problem.minibatch)

@@ -11,7 +11,7 @@ from typing import List
 import numpy as np
 
 from mindspeed_asp.scheduler import partition
-from mindspeed_asp.scheduler.fluid import group_moments
+from mindspeed_asp.fluid import group_moments
 from mindspeed_asp.types import Assignment, PlanningProblem
 
 

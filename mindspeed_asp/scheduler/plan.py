@@ -23,7 +23,7 @@ import numpy as np
 
 from mindspeed_asp.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError, PlanMismatchError
-from mindspeed_asp.textfile import read_text
+from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.types import Assignment, PromptSet
 
 SCHEMA_VERSION = 1
@@ -330,20 +330,11 @@ def _read_parquet(path: Path):
 def _read_jsonl(path: Path):
     header = None
     rows: Dict[str, list] = {k: [] for k in COLUMNS}
-    for lineno, line in enumerate(read_text(path).split("\n"), start=1):  # names a non-UTF-8 line
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"invalid JSON: {exc.args[0] if exc.args else exc}", path=str(path),
-                             line=lineno) from None
+    for lineno, rec in iter_jsonl_objects(path):  # bad JSON, a non-object or non-UTF-8 names the line
         if header is None:
             header = rec
             _check_header(header, str(path))
             continue
-        if not isinstance(rec, dict):
-            raise InputError("plan row must be a JSON object", path=str(path), line=lineno)
         for k in COLUMNS:
             if k not in rec:
                 raise InputError("plan row lacks a field", path=str(path), line=lineno, key=k)

@@ -13,65 +13,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import List, Optional, Union
 
 import numpy as np
 
 from mindspeed_asp.atomic import atomic_open
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.textfile import read_text
+from mindspeed_asp.jsonl import iter_json_objects
 from mindspeed_asp.types import PromptSet
 
 PathLike = Union[str, Path]
-
-
-def iter_json_records(path: PathLike) -> Iterator[Tuple[int, object]]:
-    """Yield (line number, record) from a JSON Lines file or a JSON array file, naming bad lines.
-
-    A file whose first non-blank character is '[' is read as one JSON array, element by element, so each
-    record still carries the line it starts on.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("file not found", path=str(path))
-    text = read_text(path)  # names the line of a byte that is not UTF-8
-    stripped = text.lstrip()
-    if not stripped.startswith("["):
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=lineno) from None
-        return
-    decoder = json.JSONDecoder()
-    pos = len(text) - len(stripped) + 1
-    line = 1 + text.count("\n", 0, pos)
-    last = pos
-    n = len(text)
-    while True:
-        while pos < n and text[pos] in " \t\r\n":
-            pos += 1
-        if pos < n and text[pos] == "]":
-            break
-        line += text.count("\n", last, pos)
-        last = pos
-        try:
-            obj, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
-        yield line, obj
-        pos = end
-        while pos < n and text[pos] in " \t\r\n":
-            pos += 1
-        if pos < n and text[pos] == ",":
-            pos += 1
-        elif pos < n and text[pos] == "]":
-            break
-        else:
-            bad = 1 + text.count("\n", 0, min(pos, n))
-            raise InputError("expected ',' or ']' in JSON array", path=str(path), line=bad)
 
 
 def _int_field(rec: dict, key: str, path: str, line: int) -> int:
@@ -91,9 +42,7 @@ def load_prompt_set(path: PathLike, n: int = 8) -> PromptSet:
     lens: List[int] = []
     sources: List[Optional[str]] = []
     seen = {}
-    for line, rec in iter_json_records(path):
-        if not isinstance(rec, dict):
-            raise InputError("each line must be a JSON object", path=spath, line=line)
+    for line, rec in iter_json_objects(path):
         key = "prompt_id" if "prompt_id" in rec else "id"
         pid = rec.get(key)
         if pid is None or isinstance(pid, (list, dict, bool)):
@@ -135,9 +84,3 @@ def save_prompt_set(prompts: PromptSet, path: PathLike) -> None:
                 rec["source"] = str(prompts.sources[i])
             fh.write(json.dumps(rec) + "\n")
 
-
-def workload_from_spec(spec: str):
-    """Shortcut to `mindspeed_asp.workloads.spec.workload_from_spec` (imported lazily: it loads traces)."""
-    from mindspeed_asp.workloads.spec import workload_from_spec as resolve
-
-    return resolve(spec)

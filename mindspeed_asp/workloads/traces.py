@@ -21,10 +21,11 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.jsonl import iter_json_objects
 from mindspeed_asp.textfile import read_text
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.types import PromptSet
-from mindspeed_asp.workloads.prompts import iter_json_records
+from mindspeed_asp.workloads.prompts import load_prompt_set
 
 PathLike = Union[str, Path]
 ALPACA_COLUMNS = ("t0.0", "t0.3", "t0.5", "t0.7")
@@ -61,9 +62,7 @@ def load_alpaca(path: PathLike, target: Optional[str] = "t0.7",
     ids = []
     rows = []
     seen = {}
-    for line, rec in iter_json_records(path):
-        if not isinstance(rec, dict):
-            raise InputError("each record must be a JSON object", path=spath, line=line)
+    for line, rec in iter_json_objects(path):
         if "id" not in rec:
             raise InputError("missing column", path=spath, line=line, key="id")
         pid = str(rec["id"])
@@ -180,8 +179,6 @@ def load_history_trace(path: PathLike, epoch: Optional[int] = None, n: Optional[
     if n < 1:
         raise InputError("n must be >= 1", key="n")
     if dataset is not None:
-        from mindspeed_asp.workloads.prompts import load_prompt_set
-
         ds = load_prompt_set(dataset, n=n)
         ids = ds.prompt_ids
     else:

@@ -1,5 +1,8 @@
 """Side-by-side runs of several planners on one workload and seeds: shared by `asp simulate` and the benchmark.
 
+It sits above the scheduler, the simulator and the workloads (it plans, simulates and resolves workloads), so
+none of those imports it (docs/design.md section 3).
+
 Why one place: the comparison must use the same workload, estimate, trainer (alpha from rho) and seeds for
 every planner, and the CLI table and the benchmark tables must mean the same thing.
 
@@ -18,12 +21,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.policy import DEFAULT_STALE_POLICY
+from mindspeed_asp.scheduler.estimators import OracleEstimator, make_estimator
+from mindspeed_asp.scheduler.planners import PLANNERS, get_planner, needs_oracle
 from mindspeed_asp.sim.metrics import lower_bounds
 from mindspeed_asp.sim.pipeline import MODES, SimResult, simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
+from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
+from mindspeed_asp.workloads.spec import workload_from_spec
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,6 @@ def parse_scaling(text: Optional[str]) -> Optional[Callable[[int], float]]:
 
 def parse_planners(text: str, default_mode: str) -> List[Tuple[str, str, str]]:
     """'asp,stock@stock' -> [(label, planner, mode)], checking names and modes."""
-    from mindspeed_asp.scheduler.planners import PLANNERS
-
     out = []
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, _, mode = item.partition("@")
@@ -112,10 +117,6 @@ class Workbench:
 
 def prepare(spec: str, cfg: SweepConfig, seed: int) -> Workbench:
     """Resolve the workload for `seed` and build its estimates and reference rollout bound."""
-    from mindspeed_asp.config import EstimatorSection
-    from mindspeed_asp.scheduler.estimators import OracleEstimator, make_estimator
-    from mindspeed_asp.workloads.spec import workload_from_spec
-
     wl = workload_from_spec(seeded_spec(spec, seed))
     est = make_estimator(EstimatorSection(kind=cfg.estimator), wl.truth).estimate(
         wl.prompts, wl.history, wl.max_new_tokens)
@@ -127,8 +128,6 @@ def prepare(spec: str, cfg: SweepConfig, seed: int) -> Workbench:
 
 def run_planner(wb: Workbench, planner: str, mode: str, cfg: SweepConfig, **sim_kw) -> Tuple[SimResult, float]:
     """Plan with `planner` and simulate in `mode`; returns the result and the planning wall time (s)."""
-    from mindspeed_asp.scheduler.planners import get_planner, needs_oracle
-
     wl = wb.workload
     steal = (mode == "stream") if cfg.work_stealing is None else bool(cfg.work_stealing)
     # the planner is told the regime it will run in (max_lag, stealing), as `asp plan --config` tells it

@@ -1,0 +1,146 @@
+"""The import layering of docs/design.md section 3, checked by reading every import of every file.
+
+Function-level imports count: a lazy import inside a function is still a dependency, and hiding a cycle
+behind one is what these rules forbid. Imports under `if TYPE_CHECKING:` are annotations only and skipped.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, Set, Tuple
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "mindspeed_asp"
+BASE = "base"
+#: layer -> the layers it may import (besides itself)
+ALLOWED: Dict[str, Set[str]] = {
+    BASE: set(),
+    "sim": {BASE},
+    "scheduler": {BASE, "sim"},
+    "workloads": {BASE, "scheduler"},
+    "experiments": {BASE, "sim", "scheduler", "workloads"},
+    "runtime": {BASE, "sim", "scheduler", "workloads"},
+    "integrations": {BASE, "sim", "scheduler", "workloads", "runtime"},
+    "commands": {BASE, "sim", "scheduler", "workloads", "experiments", "runtime", "integrations"},
+    "cli": {BASE, "commands"},
+}
+#: (importing module, imported module) pairs allowed against the rules, each with its reason
+EXCEPTIONS = {
+    # the planner registry is the one list of planner names; the config refuses an unknown name at load time
+    ("mindspeed_asp.config", "mindspeed_asp.scheduler.planners"),
+}
+#: layers that must load without the runtime's heavy libraries (a core-only install plans and simulates)
+CORE_LAYERS = (BASE, "sim", "scheduler", "workloads", "experiments")
+HEAVY = ("torch", "ray", "vllm", "transformers")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or (len(parts) == 2 and (PKG / f"{parts[1]}.py").exists()):
+        if module in ("mindspeed_asp.cli", "mindspeed_asp.__main__"):
+            return "cli"
+        return BASE
+    return parts[1]
+
+
+def _type_checking_nodes(tree: ast.AST) -> Set[int]:
+    skip: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def imports(path: Path) -> Iterator[Tuple[int, str]]:
+    """(line, imported module) of every mindspeed_asp import in the file, at any depth."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    skip = _type_checking_nodes(tree)
+    here = module_name(path).split(".")
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("mindspeed_asp"):
+                    yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here if is_pkg else here[:-1]
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("mindspeed_asp"):
+                continue
+            for alias in node.names:  # `from mindspeed_asp import metrics` imports the module metrics
+                sub = f"{mod}.{alias.name}"
+                yield node.lineno, sub if _is_module(sub) else mod
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split(".")[1:]) if "." in name else Path()
+    return (PKG / rel).with_suffix(".py").exists() or (PKG / rel / "__init__.py").exists()
+
+
+def all_files():
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_layers_are_known():
+    unknown = {layer(module_name(p)) for p in all_files()} - set(ALLOWED)
+    assert not unknown, f"packages without a layering rule (add them to docs/design.md section 3): {unknown}"
+
+
+def test_imports_run_one_way():
+    bad = []
+    for path in all_files():
+        src = module_name(path)
+        own = layer(src)
+        for line, dst in imports(path):
+            if dst == "mindspeed_asp":
+                continue
+            target = layer(dst)
+            if target == own or target in ALLOWED[own] or (src, dst) in EXCEPTIONS:
+                continue
+            bad.append(f"{path.relative_to(PKG.parent)}:{line}: {own} imports {dst} ({target})")
+    assert not bad, "imports against docs/design.md section 3:\n" + "\n".join(bad)
+
+
+def test_rules_catch_a_lazy_import(tmp_path, monkeypatch):
+    """The checker sees an import inside a function (the way cycles used to hide)."""
+    f = tmp_path / "mindspeed_asp" / "sim" / "x.py"
+    f.parent.mkdir(parents=True)
+    f.write_text("def f():\n    from mindspeed_asp.scheduler.planners import PLANNERS\n    return PLANNERS\n")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path / "mindspeed_asp")
+    found = list(imports(f))
+    assert found == [(2, "mindspeed_asp.scheduler.planners")]
+    assert layer("mindspeed_asp.scheduler.planners") not in ALLOWED[layer("mindspeed_asp.sim.x")]
+
+
+def test_core_layers_load_without_heavy_libraries():
+    mods = [module_name(p) for p in all_files() if layer(module_name(p)) in CORE_LAYERS
+            and module_name(p) not in ("mindspeed_asp.cli", "mindspeed_asp.__main__")]
+    code = ("import importlib, sys\n"
+            f"for m in {mods!r}:\n    importlib.import_module(m)\n"
+            f"print(sorted(h for h in {HEAVY!r} if h in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", f"a core module loads {out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("name", ["mindspeed_asp.scheduler.types", "mindspeed_asp.sim.cost_fit",
+                                  "mindspeed_asp.sim.sweep", "mindspeed_asp.scheduler.fluid"])
+def test_moved_modules_are_gone(name):
+    """No shim is left behind where a module moved down (or up) a layer."""
+    assert not _is_module(name)
