@@ -3,7 +3,8 @@ import random
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 
 from mindspeed_asp.runtime.demo_task import DemoTask
 from mindspeed_asp.runtime.hf_sampler import sample_groups

@@ -2,7 +2,8 @@
 import math
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 
 from mindspeed_asp.runtime import grpo
 

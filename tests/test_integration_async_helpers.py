@@ -1,7 +1,8 @@
 """The async trainer's pure pieces: TransferDock rows, per-iteration ASP metrics, the metrics MindSpeed-RL's
 logging needs. (The lag audit is the runtime's SampleQueue, tested in test_sample_queue.py.)"""
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 
 from mindspeed_asp.integrations.mindspeed_rl.async_trainer import groups_to_rows, iteration_metrics
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB

@@ -3,6 +3,8 @@ PromptDataset; the contract tests repeat this against MindSpeed-RL's real Transf
 import numpy as np
 import pytest
 
+pytest.importorskip("torch", reason="the batches are torch tensors: needs the runtime extra")
+
 from mindspeed_asp.errors import ConfigError, PlanMismatchError
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
     ASP_PROMPT_ID, IterationLayout, PlanCursor, PlanOrderedBatches, balance_queues, loader_order, open_plan,

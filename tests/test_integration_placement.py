@@ -5,6 +5,8 @@ the train task's. An instance's TP world must rendezvous on node B, at an addres
 """
 import pytest
 
+pytest.importorskip("ray", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
+
 from mindspeed_asp.integrations.mindspeed_rl.async_trainer import instance_placement
 from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import instance_env
 

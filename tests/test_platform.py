@@ -28,6 +28,7 @@ def test_probe_order(probes, kind):
 
 
 def test_mapping_of_each_kind():
+    pytest.importorskip("torch", reason="devices and streams are torch's: needs the runtime extra")
     cpu = plat.resolve_platform(probes={"npu": NO, "cuda": NO})
     assert (cpu.device_type, cpu.dist_backend, cpu.visible_devices_env, cpu.ray_resource) == \
         ("cpu", "gloo", None, None)

@@ -4,7 +4,8 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 
 from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
 from mindspeed_asp.runtime.trainer import GRPOTrainer

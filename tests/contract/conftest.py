@@ -1,6 +1,7 @@
 """Contract tests run against MindSpeed-RL's real source: `MINDSPEED_RL_SRC` when set, else the pinned copy in
 `../shared/vendor/` (every developer machine and CI). Where neither exists every test here skips and says why.
 """
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -18,12 +19,19 @@ if _MS is not None:
     os.environ.setdefault("MINDSPEED_SRC", str(_MS))
 
 
+#: MindSpeed-RL's source imports these at module level; a core-only install has none of them
+_RUNTIME = [m for m in ("ray", "torch", "omegaconf") if importlib.util.find_spec(m) is None]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/contract/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.contract)
             if _SRC is None:
                 item.add_marker(pytest.mark.skip(reason=missing_reason()))
+            elif _RUNTIME:
+                item.add_marker(pytest.mark.skip(reason=f"MindSpeed-RL needs {', '.join(_RUNTIME)}: "
+                                                        "pip install mindspeed-asp[cpu,test]"))
 
 
 @pytest.fixture(scope="session")

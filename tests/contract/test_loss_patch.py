@@ -11,7 +11,8 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import msrl_shim  # noqa: E402
