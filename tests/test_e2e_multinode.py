@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 
 from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 STEPS = 2
 M = 4

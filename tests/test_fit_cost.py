@@ -22,6 +22,7 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_fit_cost_on_real_engine(tmp_path):
     pytest.importorskip("vllm")
     from mindspeed_asp.runtime.tiny_model import ensure_tiny_model

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.vllm,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"),
 ]
 

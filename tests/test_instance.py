@@ -17,6 +17,8 @@ from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray  # n
 from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID, ensure_tiny_model  # noqa: E402
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, GroupResult  # noqa: E402
 
+pytestmark = pytest.mark.vllm  # every test here talks to a real vLLM engine in a Ray actor
+
 CPU = platform_from_name("cpu")
 SLOTS = 8
 

@@ -5,7 +5,7 @@ import functools
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 N, M_GROUPS = 2, 4
 

@@ -196,6 +196,7 @@ def test_checksum_never_allocates_more_than_one_chunk():
     assert max(n for _, n in seen.sizes) > 4 * chunk  # the hook does see a full-size temporary
 
 
+@pytest.mark.vllm
 def test_sync_reaches_both_instances_and_matches_hf(cluster, model_dir):
     actors, sender = cluster["actors"], cluster["sender"]
     assert cluster["offsets"] == [1, 2]
@@ -237,6 +238,7 @@ def test_sync_reaches_both_instances_and_matches_hf(cluster, model_dir):
         assert max(abs(x - y) for x, y in zip(s.logprobs, ref)) < 1e-3
 
 
+@pytest.mark.vllm
 def test_second_round_updates_again(cluster, model_dir):
     actors, sender = cluster["actors"], cluster["sender"]
     model = _perturbed(load_hf_model(model_dir), seed=2)
@@ -251,6 +253,7 @@ def test_second_round_updates_again(cluster, model_dir):
     assert len(sender.history) >= 2
 
 
+@pytest.mark.vllm
 def test_sync_lands_between_steps_of_inflight_requests(cluster, model_dir):
     """An update during generation: the sample records both the old and the new version."""
     actors, sender = cluster["actors"], cluster["sender"]
@@ -279,6 +282,7 @@ def test_sync_lands_between_steps_of_inflight_requests(cluster, model_dir):
         assert 0 < cut < len(smp.token_ids) and set(smp.token_versions[cut:]) == {v_old + 1}
 
 
+@pytest.mark.vllm
 def test_group_can_be_reformed(cluster, model_dir):
     """A driver that lost an instance re-forms the group on a new port; the old group is closed."""
     actors = cluster["actors"]
@@ -292,6 +296,7 @@ def test_group_can_be_reformed(cluster, model_dir):
     assert [ray.get(a.status.remote())["version"] for a in actors] == [v, v]
 
 
+@pytest.mark.vllm
 def test_round_with_nothing_raises(cluster):
     with pytest.raises(WeightSyncError, match="no tensors"):
         ws.sync_weights(cluster["sender"], cluster["actors"], 3, [])
