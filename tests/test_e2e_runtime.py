@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 
 from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 STEPS = 3
 BASE = ["data.num_prompts=8", "data.n=4", "data.max_new_tokens=48", "asp.minibatch_groups=4", "asp.slots=16",
@@ -60,9 +60,9 @@ def check_invariants(summary, steps, max_lag):
 def test_stock_mode(tmp_path, ray_session):
     summary, steps, out = run(tmp_path, ray_session, "stock", 0)
     check_invariants(summary, steps, 0)
-    # stock trains iteration k on groups k*M..(k+1)*M-1: dataset order, no stealing
-    assert [s["gids"] for s in steps] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] or \
-        sorted(g for s in steps for g in s["gids"]) == list(range(12))
+    # stock trains iteration k on groups k*M..(k+1)*M-1: dataset order across iterations (within one the
+    # groups arrive in finishing order), no stealing
+    assert [sorted(s["gids"]) for s in steps] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert summary["steals"] == 0
     assert (out / "summary.json").is_file() and (out / "trace.json").is_file()
 
