@@ -35,9 +35,11 @@ def install_line(extra: str = "runtime") -> str:
     return f'pip install "mindspeed-asp[{extra}]"'
 
 
-def missing_extra_message(command: str, module: str) -> str:
-    extra = MODULE_EXTRA.get(module, "runtime")
-    return (f"{command} needs the {module!r} package, which this install lacks (core-only install?); "
+def missing_extra_message(command: str, names: Sequence[str]) -> str:
+    """One line naming every missing module (one pip line installs them all, so the user hears them at once)."""
+    extra = MODULE_EXTRA.get(names[0], "runtime")
+    what = f"the {names[0]!r} package" if len(names) == 1 else "the packages " + ", ".join(map(repr, names))
+    return (f"{command} needs {what}, which this install lacks (core-only install?); "
             f"run: {install_line(extra)}")
 
 
@@ -55,15 +57,19 @@ def missing_modules(modules: Iterable[str]) -> Sequence[str]:
 
 
 def require(command: str, modules: Sequence[str] = RUNTIME_MODULES) -> None:
-    """Refuse to start `command` when one of `modules` is missing, naming the install line."""
+    """Refuse to start `command` when any of `modules` is missing, naming them and the install line.
+
+    Call it after the command has checked its config and outputs (those need only the core install), and
+    before anything imports torch, Ray or vLLM: a typo in a config is reported before a missing extra.
+    """
     missing = missing_modules(modules)
     if missing:
-        raise MissingExtraError(missing_extra_message(command, missing[0]))
+        raise MissingExtraError(missing_extra_message(command, missing))
 
 
 def extra_for_import_error(exc: ModuleNotFoundError, command: str) -> Optional[str]:
     """The message for an import error of a known optional module (None for anything else, e.g. a bug)."""
     top = (exc.name or "").split(".")[0]
     if top in MODULE_EXTRA:
-        return missing_extra_message(command, top)
+        return missing_extra_message(command, [top])
     return None

@@ -213,6 +213,24 @@ def test_missing_extra_names_the_pip_line(workspace, capsys, monkeypatch, argv, 
     assert _snapshot(workspace) == before
 
 
+@pytest.mark.parametrize("argv,expect", [
+    (TRAIN + ["asp.planner=nope"], "asp.planner"),
+    (DEMO + ["asp.planner=nope"], "asp.planner"),
+    (["train", "--quiet", "--out", "run_old"], "--overwrite"),
+    (["train", "--quiet", "--out", "run_old", "--overwrite"], "vllm"),
+    (["demo", "--quiet", "--out", "demo_old", "--overwrite"], "vllm"),
+], ids=["train-config", "demo-config", "train-output", "train-overwrite", "demo-overwrite"])
+def test_user_mistakes_come_before_a_missing_extra(workspace, capsys, monkeypatch, argv, expect):
+    """Without the runtime extra, a typo in the config or the output is still what the user hears about; and a
+    refusal for the missing extra comes before `--overwrite` clears anything (the old run stays whole)."""
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    before = _snapshot(workspace)
+    assert main(list(argv)) != 0
+    captured = capsys.readouterr()
+    _assert_one_error_line(captured.err, captured.out, [expect])
+    assert _snapshot(workspace) == before
+
+
 def test_doctor_names_a_bad_config_in_its_report(workspace, capsys):
     """doctor reports every check (it is a report, not a refusal): the config row names file and line."""
     assert main(["doctor", "--config", "bad.yaml"]) == 1

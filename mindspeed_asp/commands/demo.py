@@ -48,7 +48,6 @@ def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.extras import require
     from mindspeed_asp.run_dir import prepare_run_dir
 
-    require("asp demo")  # a core-only install gets the pip line, not a ModuleNotFoundError
     out = Path(args.out)
     variants = parse_variants(args.modes)
     # Every config is validated before Ray starts, so a bad override fails in a second, not minutes in.
@@ -61,6 +60,9 @@ def handler(args: argparse.Namespace) -> int:
         for name, _, _ in variants:
             prepare_run_dir(out / name, overwrite=False, key="--out")
         prepare_run_dir(out, overwrite=False, key="--out", markers=("compare.txt",))
+    # Only then the install (a config typo is the user's first news even without the runtime extra), and
+    # before anything is cleared: a core-only install's refusal leaves old runs whole.
+    require("asp demo")  # a core-only install gets the pip line, not a ModuleNotFoundError
     for name, _, _ in variants:
         prepare_run_dir(out / name, overwrite=True, key="--out")
     prepare_run_dir(out, overwrite=True, key="--out", markers=("compare.txt",))

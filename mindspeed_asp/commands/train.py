@@ -61,15 +61,29 @@ def _check_plan(cfg, path: str) -> None:
                           f"{cfg.asp.instances}", path=path, key="asp.plan_path")
 
 
+def check_output(out: Path, overwrite: bool, key: str) -> None:
+    """Refuse an output that cannot take a run, removing nothing: a later refusal (a missing extra) must
+    leave an old run whole, so `--overwrite` clears it only once everything has been checked."""
+    from mindspeed_asp.atomic import check_output_dir
+    from mindspeed_asp.run_dir import prepare_run_dir
+
+    check_output_dir(out, key=key)
+    if not overwrite:
+        prepare_run_dir(out, overwrite=False, key=key)  # a directory holding a run (its log would grow)
+
+
 def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.extras import require
     from mindspeed_asp.run_dir import prepare_run_dir
 
-    require("asp train")  # a core-only install gets the pip line, not a ModuleNotFoundError
+    # The user's own mistakes first (config, outputs: core install only), then the install's: a typo in the
+    # config is reported as such even where the runtime extra is missing.
     cfg = build_config(args.config, args.overrides, args.mode, args.out, args.ray_address)
     out = Path(cfg.run.out)
-    # Refused before Ray starts: a directory holding a run (its rollout log would be appended to).
-    prepare_run_dir(out, args.overwrite, key="--out" if args.out else "run.out")
+    key = "--out" if args.out else "run.out"
+    check_output(out, args.overwrite, key)
+    require("asp train")  # a core-only install gets the pip line, not a ModuleNotFoundError
+    prepare_run_dir(out, args.overwrite, key=key)
     from mindspeed_asp.runtime import ray_utils
     from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
     from mindspeed_asp.runtime.platform import current_platform, platform_from_name
