@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mindspeed_asp.errors import ConfigError
+from mindspeed_asp.planner_names import PLANNER_NAMES
 from mindspeed_asp.textfile import read_text
 
 M = TypeVar("M", bound=BaseModel)
@@ -71,10 +72,8 @@ class AspSection(Strict):
     @classmethod
     def _known_planner(cls, name: str) -> str:
         """An unknown planner name is refused with the config, not when the first window is planned."""
-        from mindspeed_asp.scheduler.planners import PLANNERS  # lazy: numpy-heavy, and imports this module
-
-        if name not in PLANNERS:
-            raise ValueError(f"unknown planner; choose one of: {', '.join(PLANNERS)}")
+        if name not in PLANNER_NAMES:
+            raise ValueError(f"unknown planner; choose one of: {', '.join(PLANNER_NAMES)}")
         return name
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -45,6 +47,23 @@ def test_every_planner_places_each_group_once(name, G, m):
     assert (placed == np.arange(G)).all()
     assert a.planner == name
     assert len(a.minibatch) == G
+
+
+def test_config_knows_exactly_the_registry_names():
+    """The config checks `asp.planner` against planner_names (no scheduler import); the registry agrees."""
+    from mindspeed_asp.config import AspSection
+
+    for name in PLANNERS:
+        assert AspSection(planner=name).planner == name
+    with pytest.raises(ValueError, match="unknown planner"):
+        AspSection(planner="nope")
+
+
+def test_registry_refuses_to_load_with_other_names():
+    code = ("import mindspeed_asp.planner_names as n; n.PLANNER_NAMES = n.PLANNER_NAMES[:-1]; "
+            "import mindspeed_asp.scheduler.planners")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "differs from mindspeed_asp.planner_names" in proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", ["oracle_asp", "oracle_lpt", "oracle_verl_kk"])

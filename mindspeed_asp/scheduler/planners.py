@@ -10,6 +10,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
+from mindspeed_asp.planner_names import ORACLE_OF, ORACLE_PREFIX, PLANNER_NAMES
 from mindspeed_asp.scheduler import baselines
 from mindspeed_asp.scheduler.asp_planner import plan_asp
 from mindspeed_asp.types import Assignment, PlanningProblem
@@ -60,19 +61,21 @@ _BASE: Dict[str, Planner] = {
     "verl_kk": baselines.plan_verl_kk,
     "lpt": baselines.plan_lpt,
 }
-ORACLE_OF = ("asp", "lpt", "verl_kk")
 
 PLANNERS: Dict[str, Planner] = {name: _named(fn, name) for name, fn in _BASE.items()}
 PLANNERS["dataset_order"] = _named(baselines.plan_stock, "dataset_order")  # alias of stock
 # FIFO in docs/design.md section 11.4: dataset order dealt round-robin to instances.
 PLANNERS["fifo"] = _named(baselines.plan_round_robin, "fifo")
 for _name in ORACLE_OF:
-    PLANNERS[f"oracle_{_name}"] = _oracle(_BASE[_name], f"oracle_{_name}")
+    PLANNERS[ORACLE_PREFIX + _name] = _oracle(_BASE[_name], ORACLE_PREFIX + _name)
+if tuple(PLANNERS) != PLANNER_NAMES:  # the config validates against the names alone
+    raise RuntimeError(f"planner registry {list(PLANNERS)} differs from mindspeed_asp.planner_names "
+                       f"{list(PLANNER_NAMES)}; change both together")
 
 
 def needs_oracle(name: str) -> bool:
     """True for planners that must be fed true lengths (the builder then uses an OracleEstimator)."""
-    return name.startswith("oracle_")
+    return name.startswith(ORACLE_PREFIX)
 
 
 def planner_names() -> List[str]:
