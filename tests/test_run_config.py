@@ -121,9 +121,9 @@ def test_error_from_a_command_line_override_says_so():
     assert info.value.key == "asp.max_lag"
 
 
-def test_trainer_objective_keys_default_to_standard_and_override():
+def test_trainer_objective_keys_default_to_decoupled_and_override():
     cfg = load_run_config(TINY)
-    assert (cfg.trainer.objective, cfg.trainer.iw_cap, cfg.trainer.iw_mode) == ("standard", 2.0, "token")
-    assert RunConfig().trainer.objective == "standard"  # the file states the code defaults
-    cfg = load_run_config(TINY, ["trainer.objective=decoupled", "trainer.iw_cap=3", "trainer.iw_mode=sequence"])
-    assert (cfg.trainer.objective, cfg.trainer.iw_cap, cfg.trainer.iw_mode) == ("decoupled", 3.0, "sequence")
+    assert (cfg.trainer.objective, cfg.trainer.iw_cap, cfg.trainer.iw_mode) == ("decoupled", 2.0, "token")
+    assert RunConfig().trainer.objective == "decoupled"  # the file states the code defaults
+    cfg = load_run_config(TINY, ["trainer.objective=standard", "trainer.iw_cap=3", "trainer.iw_mode=sequence"])
+    assert (cfg.trainer.objective, cfg.trainer.iw_cap, cfg.trainer.iw_mode) == ("standard", 3.0, "sequence")

@@ -55,8 +55,9 @@ class TrainerSection(Strict):
     max_grad_norm: float = Field(1.0, gt=0.0)
     threads: int = Field(1, ge=1, description="torch threads of the trainer")
     objective: Literal["standard", "decoupled"] = Field(
-        "standard", description="standard: PPO ratio against the behaviour log-probs; decoupled: ratio against "
-        "the proximal policy times a truncated importance weight (docs/trainer.md)")
+        "decoupled", description="decoupled (default, chosen from the convergence benchmark): ratio against the "
+        "proximal policy times a truncated importance weight; standard: PPO ratio against the behaviour "
+        "log-probs. Identical at max_lag 0 (docs/trainer.md)")
     iw_cap: float = Field(2.0, ge=1.0, description="decoupled: cap of the importance weight pi_prox/pi_behav")
     iw_mode: Literal["token", "sequence"] = Field("token", description="decoupled: one weight per token or "
                                                   "per sequence")
