@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.run_report import EVENTS, any_events, run_events
 from mindspeed_asp.textfile import read_text
 
 Loader = Callable[[Path], Dict[str, Any]]
@@ -68,6 +69,12 @@ OFFPOLICY_COLUMNS: List[Column] = [
     ("iw capped", ("offpolicy/iw_frac_capped", "asp/iw_frac_capped"), 0),
     ("clip", ("offpolicy/clip_frac", "asp/clip_frac"), 0),
 ]
+
+
+#: Appended when any run had an unusual event (an instance died, groups were re-dispatched, regenerated or
+#: dropped as stale; steals are shown beside them): counts over the whole run, from `run_report.run_events`.
+#: Omitted otherwise, so the ordinary table stays narrow.
+EVENT_COLUMNS: List[Column] = [(title, (key,), 0) for key, title, _ in EVENTS]
 
 
 def _value(run: Dict[str, Any], keys: Sequence[str]) -> Any:
@@ -147,12 +154,15 @@ def _fmt(v: Any) -> str:
 def compare_table(runs: Sequence[Dict[str, Any]],
                   columns: Optional[Sequence[Column]] = None) -> Tuple[List[str], List[List[str]]]:
     """Header and rows; ratio columns read `value (x ratio)` against the first run (x > 1 = better)."""
+    runs = [{**r, **run_events(r)} for r in runs]  # the event counts, as EVENT_COLUMNS read them
     if columns is None:
         columns = MSRL_COLUMNS if any(r.get("source") == MSRL_SOURCE for r in runs) else COLUMNS
         if any(_value(r, keys) is not None for r in runs for _, keys, _ in OFFPOLICY_COLUMNS[1:]):
             columns = list(columns) + OFFPOLICY_COLUMNS
         if any(r.get("learning/target_reward") is not None for r in runs):
             columns = list(columns) + LEARNING_COLUMNS
+        if any(any_events(r) for r in runs):
+            columns = list(columns) + EVENT_COLUMNS
     header = ["run", "mode"] + [c[0] for c in columns]
     base = runs[0]
     rows = []

@@ -111,6 +111,9 @@ def format_summary(s: Dict[str, Any], out: Path) -> str:
     for k in keys:
         v = s.get(k)
         lines.append(f"  {k:24s} {v:.4g}" if isinstance(v, (int, float)) else f"  {k:24s} {v}")
+    from mindspeed_asp.run_report import format_events  # what happened: deaths, re-dispatches, regenerated, ...
+
+    lines.append(f"  {'events':24s} {format_events(s)}")
     lines.append(f"  metrics: {out / 'metrics.jsonl'}  summary: {out / 'summary.json'}")
     return "\n".join(lines)
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 import numpy as np
 
 from mindspeed_asp.errors import RunError
+from mindspeed_asp.run_report import StartupProgress
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
 from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_fields
 from mindspeed_asp.runtime.ray_utils import RaySession
@@ -110,6 +111,7 @@ class Driver:
         self.ray_session = RaySession(cfg.run.ray_address, num_cpus=cfg.run.ray_num_cpus,
                                       object_store_mb=cfg.run.ray_object_store_mb, env=QUIET_ENV)
         self.pool: Optional[RolloutPool] = None
+        self.startup: Optional[StartupProgress] = None  # start-up lines on stderr (mindspeed_asp/run_report.py)
         self.trainer: Optional[GRPOTrainer] = None
         # loop state (_loop)
         self.next_gid = 0
@@ -125,6 +127,7 @@ class Driver:
         from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
 
         cfg = self.cfg
+        self.startup = StartupProgress(cfg.asp.instances, enabled=self.progress)
         self.platform = platform_from_name(cfg.run.platform) if cfg.run.platform else current_platform()
         if cfg.model.tiny:
             self.model_path = ensure_tiny_model(cfg.model.path, seed=cfg.model.init_seed)
@@ -132,6 +135,7 @@ class Driver:
             self.model_path = cfg.model.path
             if not Path(self.model_path, "config.json").is_file():
                 raise RunError(f"model.path {self.model_path!r} is not an HF model directory (no config.json)")
+        self.startup.model_ready(self.model_path)
         self.task, self.prompt_set = task_and_prompts(cfg)
         self.task.to_jsonl(self.out / "dataset.jsonl")
         self.prompt_list = self.task.prompts()
@@ -162,7 +166,7 @@ class Driver:
         self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
                                 threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
                                 multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
-                                event=self.recorder.event)
+                                event=self.recorder.event, progress=self.startup)
         self.pool.start()
         from mindspeed_asp.runtime.trainer import GRPOTrainer
 
@@ -227,6 +231,7 @@ class Driver:
 
     def _loop(self) -> None:
         cfg = self.cfg
+        self.startup.all_ready()
         self.bar = _progress(cfg.run.steps, self.progress)
         try:
             while self.version < cfg.run.steps:

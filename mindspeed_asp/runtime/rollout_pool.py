@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import RunError, WeightSyncError
+from mindspeed_asp.run_report import StartupProgress
 from mindspeed_asp.runtime.platform import Platform
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest
 
@@ -44,12 +45,14 @@ class RolloutPool:
     groups there); `event(kind, **fields)` records what happened (instance starts). `multi_node` is True on
     an existing cluster: the sync group then meets at this node's IP instead of the loopback address.
     `actor_cls` is the actor class (default `RolloutInstance`; a test may pass a lighter one with its API).
+    `progress` tells the user which instance is starting and when each is ready (a vLLM start takes a minute).
     """
 
     def __init__(self, engine: EngineConfig, count: int, platform: Platform, *, threads: int = 1,
                  start_timeout_s: float = 180.0, multi_node: bool = False,
                  on_death: Optional[Callable[[int, BaseException], None]] = None,
-                 event: Optional[Callable[..., None]] = None, actor_cls: Any = None) -> None:
+                 event: Optional[Callable[..., None]] = None, actor_cls: Any = None,
+                 progress: Optional[StartupProgress] = None) -> None:
         if count < 1:
             raise ValueError("a rollout pool needs at least one instance")
         self.engine = engine
@@ -61,6 +64,7 @@ class RolloutPool:
         self.on_death = on_death
         self.event = event or (lambda kind, **fields: None)
         self.actor_cls = actor_cls
+        self.progress = progress if progress is not None else StartupProgress(count, enabled=False)
         self.handles: List[Any] = []
         self.alive: List[bool] = []
         self.pids: List[int] = []
@@ -95,6 +99,7 @@ class RolloutPool:
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement, placement_group_bundle_index=j)
         last: Optional[BaseException] = None
         for attempt in range(2):
+            self.progress.instance_starting(j, attempt)
             actor = create_instance(j, self.engine, platform=self.platform, threads=self.threads,
                                     loopback=not self.multi_node, scheduling_strategy=strategy,
                                     actor_cls=self.actor_cls)
@@ -110,6 +115,7 @@ class RolloutPool:
             self.nodes.append(info.get("node_id"))
             self.event("instance_started", instance=j, attempt=attempt, node=info.get("node_id"),
                        seconds=float(info.get("start_seconds", 0.0)))
+            self.progress.instance_ready(j, float(info.get("start_seconds", 0.0)))
             return
         raise RunError(f"rollout instance {j} did not start within {self.start_timeout_s:.0f} s "
                        f"(twice): {last}")
