@@ -12,6 +12,7 @@ from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
     DATA_PATCHES, DOCK_PATCHES, REWARD_PATCHES, ROW_PATCHES)
 from mindspeed_asp.integrations.mindspeed_rl.loss_patch import LOSS_PATCHES
 from mindspeed_asp.integrations.mindspeed_rl.pins import MINDSPEED_RL_COMMIT
+from mindspeed_asp.integrations.mindspeed_rl.resume_state import CHECKPOINT_PATCHES
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -102,6 +103,7 @@ EXPECTED = {
     "mindspeed_rl.workers.scheduler.launcher.RayActorGroup.compute_ref_log_prob": (["self", "blocking"], {}),
     "mindspeed_rl.workers.scheduler.launcher.RayActorGroup.compute_rm_score": (["self", "blocking"], {}),
     "mindspeed_rl.workers.scheduler.launcher.RayActorGroup.get_iteration": (["self"], {}),
+    "mindspeed_rl.workers.scheduler.launcher.RayActorGroup.get_consumed_train_samples": (["self"], {}),
     "mindspeed_rl.workers.scheduler.launcher.RayActorGroup.wait_all_ref_objs_run_over": (["self"], {}),
     "mindspeed_rl.workers.resharding.megatron_sharding_manager.MegatronShardingManager.onload_infer_params":
         (["self"], {}),
@@ -128,7 +130,7 @@ def test_checkout_is_the_pinned_commit(msrl_src):
 
 
 @pytest.mark.parametrize("target", [t for t, _ in DATA_PATCHES + DOCK_PATCHES + ROW_PATCHES + REWARD_PATCHES
-                                    + TRAINER_PATCHES + LOSS_PATCHES])
+                                    + TRAINER_PATCHES + LOSS_PATCHES + CHECKPOINT_PATCHES])
 def test_every_patch_target_exists(msrl_src, target):
     owner, _, leaf = target.rpartition(".")
     cls = find(msrl_src, owner)
@@ -224,6 +226,22 @@ def test_train_cli_reads_runtime_env_path_and_builds_grpo_trainer(msrl_src):
     pass_through = {"HCCL_IF_BASE_PORT", "LCAL_COMM_ID"}
     assert set(stock_env["env_vars"]) - pass_through <= set(hook_env["env_vars"])
     assert not pass_through & set(hook_env["env_vars"])
+
+
+def test_resume_is_what_asps_checkpoint_state_relies_on(msrl_src):
+    """resume_state.py: the trainer saves through `save_checkpoint(iteration)` (after its update, at
+    `save_interval` and at the end), every actor rank saves before it returns, and on resume the launcher skips
+    `consumed_train_samples // global_batch_size` loader batches and `fit` starts at the loaded iteration."""
+    fit = ast.unparse(find(msrl_src, "mindspeed_rl.trainer.grpo_trainer_hybrid.RayGRPOTrainer.fit"))
+    assert "iteration = self.actor_worker.get_iteration()" in fit
+    assert "if iteration % self.save_interval == 0 or iteration == self.train_iters:" in fit
+    assert "self.save_checkpoint(iteration)" in fit
+    save = ast.unparse(find(msrl_src, "mindspeed_rl.workers.scheduler.launcher.RayActorGroup.save_checkpoint"))
+    assert "actor.save_ckpt.remote(iteration)" in save and "return ray.get(actor_train_objs)" in save
+    text = (msrl_src / "cli" / "train_grpo.py").read_text()
+    assert "consumed_train_samples = actor_worker.get_consumed_train_samples()" in text
+    assert "[next(data_iters) for _ in range(consumed_train_samples // actor_config.global_batch_size)]" in text
+    assert {"load", "save"} <= _config_attrs(msrl_src, "mindspeed_rl.config_cls.megatron_config.MegatronConfig")
 
 
 def _config_attrs(msrl_src: Path, cls_path: str) -> set:

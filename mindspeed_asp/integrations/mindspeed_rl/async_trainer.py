@@ -17,7 +17,11 @@ driven by rollout_driver.py) generates continuously; each iteration the trainer
    with the runtime's protocol (manifest, buckets, bounded-memory checksums, a deadline naming the instance
    and rank that did not answer); the groups are built once per run, and after every sync the instances'
    weights are read back and compared with the actor's,
-5. logs MindSpeed-RL's metric names (`e2e_tps` with trainer + rollout NPUs in the denominator,
+5. on every MindSpeed-RL checkpoint, saves ASP's state beside it (policy version, plan cursor, trained,
+   finished and unfinished groups: resume_state.py) and, when MindSpeed-RL resumes from an iteration,
+   continues from that state (versions continue, finished groups are trained, only unfinished ones are
+   generated again),
+6. logs MindSpeed-RL's metric names (`e2e_tps` with trainer + rollout NPUs in the denominator,
    `vllm_tps`, `update_tps`, `timing/*`) plus ASP's `lag/*`, `bubble/*`, `time/*` and the loss patch's
    `asp/*` off-policy statistics, and appends one record per update to `asp.audit_path` when set.
 
@@ -177,6 +181,32 @@ def asp_push_weights(worker: Any, version: int, readback: Sequence[str] = READBA
 
 
 # ------------------------------------------------------------------------ the fit replacement
+def run_settings(topo: Any) -> Dict[str, Any]:
+    """The run settings a checkpoint state must share with the run resuming from it."""
+    return {"mode": topo.asp.mode, "max_lag": int(topo.asp.max_lag), "instances": int(topo.instances),
+            "gbs": int(topo.gbs), "n": int(topo.n)}
+
+
+def track_colocated_plan(trainer: Any, topo: Any, data_iters: Any) -> None:
+    """Plan-ordered windows on MindSpeed-RL's own engines (max_lag 0): MindSpeed-RL's loader skip already puts
+    the plan cursor back on resume; ASP's state records the cursor with every checkpoint and, where a state
+    of the resumed iteration exists, the cursor is checked against it."""
+    from mindspeed_asp.errors import RunError
+    from mindspeed_asp.integrations.mindspeed_rl.resume_state import (
+        STATE_HOOK, colocated_state, read_state, state_path)
+    settings, plan_path = run_settings(topo), getattr(topo.asp, "plan_path", None)
+    iteration = trainer.actor_worker.get_iteration()
+    load = trainer.actor_worker.megatron_config.load
+    if iteration > 0 and load and state_path(load, iteration).is_file():
+        saved = read_state(load, iteration, settings)["plan"]["windows_fed"]
+        cursor = getattr(data_iters, "iteration", None)
+        if cursor is not None and int(cursor) != int(saved):
+            raise RunError(f"resumed at iteration {iteration}: the plan-ordered loader is at window {cursor}, the "
+                           f"checkpoint's ASP state at {saved} ({state_path(load, iteration)})")
+    setattr(trainer, STATE_HOOK, lambda it: colocated_state(it, settings, getattr(data_iters, "iteration", it),
+                                                            plan_path))
+
+
 class AsyncFit:
     """State of one asynchronous run inside the `train` task (the RayGRPOTrainer instance is `trainer`)."""
 
@@ -184,6 +214,7 @@ class AsyncFit:
         self.t, self.topo, self.asp = trainer, topo, topo.asp
         self.version = 0
         self.next_gid = 0
+        self.windows_fed = 0  # loader batches handed to the driver (the plan cursor)
         self.extra: Dict[int, Dict[str, Any]] = {}
         self.workers: List[List[Any]] = []
         self.driver: Any = None
@@ -196,7 +227,9 @@ class AsyncFit:
         return [h.__ray_call__.remote(fn, *args) for h in self.handlers]
 
     # -- setup
-    def start_pool(self) -> None:
+    def start_pool(self, state: Dict[str, Any] | None = None) -> None:
+        """Start the instances, the weight groups and the rollout driver; with a checkpoint `state`, the driver
+        continues it (resume_state.py) and the first sync pushes the checkpointed weights as its version."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
@@ -238,7 +271,57 @@ class AsyncFit:
         self.driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
             self.workers, policy, self.asp.max_lag, self.topo.gbs, capacity, 16, self.asp.work_stealing,
             self.asp.stale_policy)
-        self.sync_weights(0)
+        if state is not None:
+            self.restore(state)
+        self.sync_weights(self.version)
+
+    # -- checkpoint (resume_state.py)
+    def settings(self) -> Dict[str, Any]:
+        return run_settings(self.topo)
+
+    def checkpoint_state(self, iteration: int) -> Dict[str, Any]:
+        """ASP's state after `iteration` updates (the trainer's save hook writes it beside Megatron's)."""
+        import ray
+        from mindspeed_asp.integrations.mindspeed_rl.resume_state import build_state
+        snap = ray.get(self.driver.snapshot.remote())
+        keep = {int(r.group_id) for r, _, _ in snap["ready"]} | {int(r.group_id) for r, _ in snap["unfinished"]}
+        return build_state(iteration, self.settings(), snap, version=self.version, windows_fed=self.windows_fed,
+                           next_gid=self.next_gid, extra={g: self.extra[g] for g in keep if g in self.extra},
+                           plan_path=getattr(self.asp, "plan_path", None))
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Continue `state` in the fresh driver: version, plan cursor, trained / finished / unfinished groups."""
+        import ray
+        from mindspeed_asp.integrations.mindspeed_rl.resume_state import ready_groups, unfinished_groups
+        ready, unfinished = ready_groups(state), unfinished_groups(state)
+        for req, _, _, extra in ready:
+            self.extra[int(req.group_id)] = extra
+        for req, _, extra in unfinished:
+            self.extra[int(req.group_id)] = extra
+        self.version = int(state["policy_version"])
+        self.next_gid = int(state["plan"]["next_gid"])
+        self.windows_fed = int(state["plan"]["windows_fed"])
+        ray.get(self.driver.restore.remote(self.version, state["trained_gids"], [(q, r, v) for q, r, v, _ in ready],
+                                           [(q, j) for q, j, _ in unfinished], state["counters"]))
+
+    def skip_fed_windows(self, data_iters: Any, drawn: int) -> int:
+        """Advance the loader past the windows the saved run had fed ahead of its updates (MindSpeed-RL's
+        launcher skipped `drawn` = consumed samples / batch size of them); returns how many were skipped."""
+        from mindspeed_asp.errors import RunError
+        cursor = getattr(data_iters, "iteration", None)  # the plan-ordered loader's own cursor
+        if cursor is not None and int(cursor) != drawn:
+            raise RunError(f"the plan-ordered loader is at window {cursor}, MindSpeed-RL skipped {drawn} batches")
+        if drawn > self.windows_fed:
+            raise RunError(f"MindSpeed-RL skipped {drawn} loader batches on resume, but the saved run had fed only "
+                           f"{self.windows_fed}: the checkpoint and ASP's state disagree")
+        skipped = 0
+        for _ in range(self.windows_fed - drawn):
+            try:
+                next(data_iters)
+            except StopIteration:
+                break
+            skipped += 1
+        return skipped
 
     def sync_weights(self, version: int) -> Dict[str, float]:
         """Pause stepping, broadcast, load, read back, bump the version, resume. Raises on any failure."""
@@ -311,6 +394,7 @@ class AsyncFit:
                 queues.append(gids[start:start + s])
                 start += s
         ray.get(self.driver.load_window.remote(requests, {}, queues))
+        self.windows_fed += 1
         return True
 
     def take_trainable(self) -> Dict[str, Any]:
@@ -371,6 +455,8 @@ def asp_fit(self, data_iters: Any) -> None:
     from mindspeed_asp.integrations.mindspeed_rl.config_section import topology_from_env
     topo = topology_from_env()
     if topo is None or not topo.separate_pool:
+        if topo is not None and topo.colocated_plan:
+            track_colocated_plan(self, topo, data_iters)
         return _ORIGINAL_FIT["fit"](self, data_iters)
     import ray
     from codetiming import Timer
@@ -380,12 +466,24 @@ def asp_fit(self, data_iters: Any) -> None:
     from mindspeed_rl.utils.utils import compute_tps, metrics_post_processing, metrics_sort
     from mindspeed_rl.workers.scheduler.launcher import RayActorGroup
 
+    from mindspeed_asp.integrations.mindspeed_rl.resume_state import STATE_HOOK, read_state
+
     logger = Loggers("asp_async_trainer")
     run = AsyncFit(self, topo)
-    run.start_pool()
-    for _ in range(topo.asp.max_lag + 1):  # keep the instances fed up to the lag bound
-        run.feed_window(data_iters)
     iteration = self.actor_worker.get_iteration()
+    state = None
+    if iteration > 0:  # MindSpeed-RL resumed from a checkpoint: continue ASP's state of that iteration
+        state = read_state(self.actor_worker.megatron_config.load, iteration, run.settings())
+    run.start_pool(state)
+    if state is None:
+        for _ in range(topo.asp.max_lag + 1):  # keep the instances fed up to the lag bound
+            run.feed_window(data_iters)
+    else:
+        skipped = run.skip_fed_windows(data_iters, self.actor_worker.get_consumed_train_samples() // topo.gbs)
+        logger.info(f"asp: resumed at iteration {iteration}, policy version {run.version}: "
+                    f"{len(state['ready'])} finished groups kept, {len(state['unfinished'])} to generate again, "
+                    f"{skipped} fed windows skipped")
+    setattr(self, STATE_HOOK, run.checkpoint_state)
     tps_kwargs = dict(self.kwargs)
     tps_kwargs["actor_resource"] = {"num_npus": topo.total_npus}  # trainer + rollout NPUs, like-for-like
     tps_kwargs["use_integrated_worker"] = True

@@ -6,7 +6,8 @@ least-loaded order, work stealing, re-dispatch of a dead instance's groups), the
 max-lag policy of `mindspeed_asp/policy.py`: admission counter and waiting rule) and the `SampleQueue`
 (finished groups, the per-sample lag audit, minibatch order, stale groups dropped or handed back for
 regeneration). This class only adds MindSpeed-RL's instance
-shape: several TP-rank actors per instance, called in lockstep.
+shape: several TP-rank actors per instance, called in lockstep, and what a checkpoint keeps of it
+(`snapshot` / `restore`, see resume_state.py).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from mindspeed_asp.policy import LagPolicy
+from mindspeed_asp.policy import LagPolicy, is_stale
 from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
 from mindspeed_asp.runtime.sample_queue import SampleQueue
 from mindspeed_asp.runtime.types import GroupRequest, GroupResult
@@ -40,6 +41,10 @@ class RolloutDriver:
         self.steps = steps_per_call
         self.version = 0
         self.requests: Dict[int, GroupRequest] = {}
+        # finished, untrained groups as the queue holds them (gid -> result, version), and the trained gids:
+        # kept here so a checkpoint can list them without reaching into the queue
+        self.finished: Dict[int, Tuple[GroupResult, int]] = {}
+        self.trained_gids: List[int] = []
         self.pending: List[List[Tuple[GroupRequest, int]]] = [[] for _ in self.instances]
         self.outstanding: Dict[int, List[Any]] = {}
         self.errors: List[str] = []
@@ -96,8 +101,10 @@ class RolloutDriver:
             while True:
                 self._raise()
                 # the policy's waiting rule first: a group still generating may be due in this update
-                batch = None if self.lag.must_wait(int(train_version)) else \
-                    self.queue.next_minibatch(int(train_version), prefer="oldest")
+                batch = None
+                if not self.lag.must_wait(int(train_version)):
+                    batch = self.queue.next_minibatch(int(train_version), prefer="oldest")
+                    self._forget_taken(int(train_version), batch or [])
                 self._requeue_stale()
                 if batch is not None:
                     lags = [int(train_version) - int(s.min_version) for g in batch for s in g.samples]
@@ -114,6 +121,65 @@ class RolloutDriver:
                     "queued": self.dispatcher.queued(), "counters": self.queue.counters(),
                     "deaths": list(self.deaths), "lags": list(self.queue.all_lags)}
 
+    # ---------------------------------------------------------------- checkpoint (resume_state.py)
+    def snapshot(self) -> Dict[str, Any]:
+        """One consistent cut (under the lock): trained gids, finished untrained groups with their versions,
+        and the groups queued or generating (in flight first, each with its instance; -1 = the shared FIFO).
+        A group that finishes after the cut counts as generating: a resumed run generates it again."""
+        with self.lock:
+            unfinished = [(t.gid, j) for j, q in enumerate(self.dispatcher.in_flight) for t in q.values()]
+            unfinished += [(t.gid, j) for j, q in enumerate(self.dispatcher.queues) for t in q]
+            unfinished += [(t.gid, -1) for t in self.dispatcher.fifo]
+            counters = dict(self.queue.counters())
+            counters.update(self.lag.counters())
+            return {"trained_gids": list(self.trained_gids),
+                    "ready": [(self.requests[gid], res, v) for gid, (res, v) in self.finished.items()],
+                    "unfinished": [(self.requests[gid], j) for gid, j in unfinished], "counters": counters}
+
+    def restore(self, version: int, trained_gids: Sequence[int], ready: Sequence[Tuple[GroupRequest, GroupResult, int]],
+                unfinished: Sequence[Tuple[GroupRequest, int]], counters: Dict[str, int]) -> int:
+        """Continue a saved run in this fresh driver: its version, its trained groups (counted by the lag
+        policy as trained), its finished groups (queued for the trainer under their saved versions) and its
+        unfinished ones (loaded as a window, on the instance queues they had). Returns the groups queued."""
+        with self.lock:
+            if self.dispatcher.dispatched or self.requests:
+                raise RuntimeError("restore needs a fresh rollout driver")
+            self.version = int(version)
+            self.trained_gids = [int(g) for g in trained_gids]
+            if self.trained_gids:  # they keep their place in the admission count, as in the saved run
+                n = len(self.trained_gids)
+                self.lag.on_dispatched(0, n)
+                self.lag.on_finished(0, n)
+                self.lag.on_trained(0, n)
+            for req, res, v in ready:
+                gid = int(req.group_id)
+                self.requests[gid] = req
+                self.dispatch_version[gid] = int(v)
+                self.dispatcher.done.add(gid)
+                self.lag.on_dispatched(int(v))
+                if self.queue.put(res, version=int(v)):
+                    self.finished[gid] = (res, int(v))
+            queues = None
+            if self.dispatcher.policy == "plan":
+                m = len(self.instances)
+                queues = [[int(r.group_id) for r, j in unfinished if max(j, 0) % m == k] for k in range(m)]
+            if unfinished:
+                for req, _ in unfinished:
+                    self.requests[int(req.group_id)] = req
+                self.dispatcher.load_window([Ticket(int(r.group_id)) for r, _ in unfinished], queues)
+            self._restore_counters(counters)
+            self.lock.notify_all()
+            return self.dispatcher.queued()
+
+    def _restore_counters(self, counters: Dict[str, int]) -> None:
+        """The logged counters continue from the saved run (`policy/accepted` and `running` are recomputed)."""
+        for key in ("received", "trained", "trained_samples", "dropped_stale", "regenerated", "duplicates"):
+            if f"queue/{key}" in counters:
+                setattr(self.queue, key, int(counters[f"queue/{key}"]))
+        for key in ("dispatched", "finished", "trained", "lost", "stale"):
+            if f"policy/{key}" in counters:
+                setattr(self.lag, key, int(counters[f"policy/{key}"]))
+
     def stop(self) -> None:
         with self.lock:
             self.stopped = True
@@ -123,6 +189,15 @@ class RolloutDriver:
     def _raise(self) -> None:
         if self.errors:
             raise RuntimeError("rollout instance failed: " + self.errors[0])
+
+    def _forget_taken(self, train_version: int, batch: Sequence[GroupResult]) -> None:
+        """Mirror what `next_minibatch` removed from the queue: the batch (trained) and, by the same rule
+        the queue's sweep applies, the stale groups (dropped or handed back)."""
+        for g in batch:
+            self.finished.pop(int(g.group_id), None)
+            self.trained_gids.append(int(g.group_id))
+        for gid in [gid for gid, (_, v) in self.finished.items() if is_stale(train_version, v, self.lag.max_lag)]:
+            del self.finished[gid]
 
     def _requeue_stale(self) -> None:
         for g in self.queue.take_stale():
@@ -167,8 +242,9 @@ class RolloutDriver:
                     self.outstanding.pop(j, None)
                     for out in results[0]:
                         gid = int(out.group_id)
-                        if self.dispatcher.on_finished(j, gid):
-                            self.queue.put(out, version=self.dispatch_version[gid])
+                        if self.dispatcher.on_finished(j, gid) and \
+                                self.queue.put(out, version=self.dispatch_version[gid]):
+                            self.finished[gid] = (out, self.dispatch_version[gid])
                     self.lock.notify_all()
 
     def _on_dead(self, j: int, exc: Exception) -> None:

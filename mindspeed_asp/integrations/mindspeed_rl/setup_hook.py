@@ -27,8 +27,9 @@ def patch_groups() -> dict:
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
         DATA_PATCHES, DOCK_PATCHES, REWARD_PATCHES, ROW_PATCHES)
     from mindspeed_asp.integrations.mindspeed_rl.loss_patch import LOSS_PATCHES
+    from mindspeed_asp.integrations.mindspeed_rl.resume_state import CHECKPOINT_PATCHES
     return {"data": DATA_PATCHES, "dock": DOCK_PATCHES, "rows": ROW_PATCHES, "trainer": TRAINER_PATCHES,
-            "loss": LOSS_PATCHES, "reward": REWARD_PATCHES}
+            "loss": LOSS_PATCHES, "reward": REWARD_PATCHES, "checkpoint": CHECKPOINT_PATCHES}
 
 
 def selected_patches(groups: Optional[Iterable[str]] = None) -> List[Tuple[str, Any]]:
