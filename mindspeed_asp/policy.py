@@ -213,6 +213,28 @@ class LagPolicy:
             self.accepted -= n
             self.stale += n
 
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        """The counters as plain data (a run's checkpoint); `load_state_dict` puts them back."""
+        with self._lock:
+            return {"max_lag": self.max_lag, "M": self.M, "untrained": list(self.untrained),
+                    "ready": list(self.ready), "accepted": self.accepted, "dispatched": self.dispatched,
+                    "finished": self.finished, "trained": self.trained, "lost": self.lost, "stale": self.stale,
+                    "lo": self._lo}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore counters saved under the same max_lag and minibatch (they mean nothing under others)."""
+        if int(state["max_lag"]) != self.max_lag or int(state["M"]) != self.M:
+            raise ValueError(f"checkpoint policy has max_lag={state['max_lag']}, M={state['M']}; this run "
+                             f"max_lag={self.max_lag}, M={self.M}")
+        with self._lock:
+            self.untrained = [int(x) for x in state["untrained"]]
+            self.ready = [int(x) for x in state["ready"]]
+            self.accepted = int(state["accepted"])
+            self.dispatched, self.finished = int(state["dispatched"]), int(state["finished"])
+            self.trained, self.lost, self.stale = int(state["trained"]), int(state["lost"]), int(state["stale"])
+            self._lo = int(state["lo"])
+
     # ------------------------------------------------------------------ views
     @property
     def running(self) -> int:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.policy import LagPolicy, lightest, offer_order, steal_victim, wake_order
 
@@ -211,6 +211,54 @@ class Dispatcher:
             self.fifo.appendleft(t)
         else:
             self.queues[self._lightest_queue()].appendleft(t)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> Dict[str, Any]:
+        """Every group's state (queued per queue, in flight per instance, done), the steals and counters, as
+        plain data for a checkpoint (`runtime/checkpoint.py`)."""
+        return {"policy": self.policy, "instances": self.instances,
+                "queues": [[asdict(t) for t in q] for q in self.queues], "fifo": [asdict(t) for t in self.fifo],
+                "in_flight": [[asdict(t) for t in q.values()] for q in self.in_flight],
+                "done": sorted(self.done), "steals": [asdict(s) for s in self.steals],
+                "redispatched": self.redispatched, "dispatched": self.dispatched}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore `state_dict()` output into a fresh dispatcher of the same policy and instance count.
+
+        Every instance counts as alive (a resumed run starts all of them again); the groups that were in
+        flight stay in flight until `abandon_in_flight` hands them back.
+        """
+        if state["policy"] != self.policy or int(state["instances"]) != self.instances:
+            raise ValueError(f"checkpoint dispatcher is {state['policy']} over {state['instances']} instances, "
+                             f"this run {self.policy} over {self.instances}")
+        self.queues = [deque(Ticket(**t) for t in q) for q in state["queues"]]
+        self.fifo = deque(Ticket(**t) for t in state["fifo"])
+        self.in_flight = [{int(t["gid"]): Ticket(**t) for t in q} for q in state["in_flight"]]
+        self.alive = [True] * self.instances
+        self.done = {int(g) for g in state["done"]}
+        self.steals = [StealEvent(**s) for s in state["steals"]]
+        self.redispatched = int(state["redispatched"])
+        self.dispatched = int(state["dispatched"])
+
+    def abandon_in_flight(self) -> List[int]:
+        """Groups in flight on instances that are gone as a whole (a stopped run being resumed) go back to
+        the front of the queues to be generated again, as after a death (`on_instance_dead`), and the lag
+        policy stops counting them; returns their gids. Not counted as re-dispatches of a dead instance."""
+        lost = [t for q in self.in_flight for t in q.values()]
+        lost.sort(key=lambda t: (t.version, t.gid))
+        for q in self.in_flight:
+            q.clear()
+        for t in lost:
+            if self.lag is not None and t.version >= 0:
+                self.lag.on_lost(t.version)
+            t.attempt += 1
+            t.version = -1
+        if self.policy == "least_loaded":
+            self.fifo.extendleft(reversed(lost))
+        else:
+            for t in reversed(lost):
+                self.queues[self._lightest_queue()].appendleft(t)
+        return [t.gid for t in lost]
 
     # ------------------------------------------------------------------ views
     def queued(self) -> int:

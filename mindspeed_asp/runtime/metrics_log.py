@@ -70,6 +70,7 @@ class RunRecorder:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = self.clock()
         self._steps_fh = open(self.out_dir / STEPS_FILE, "w")
+        self._resumed_at: Optional[Tuple[float, int]] = None  # (checkpoint time, events before the resume)
 
     def now(self) -> float:
         """Seconds since the recorder was created."""
@@ -103,6 +104,40 @@ class RunRecorder:
     def close(self) -> None:
         if not self._steps_fh.closed:
             self._steps_fh.close()
+
+    # ---------------------------------------------------------------- checkpoint
+    def state_dict(self) -> Dict[str, Any]:
+        """Everything recorded so far and the run's clock (`elapsed`), as plain data for a checkpoint."""
+        return _clean({"elapsed": self.now(), "groups": [asdict(g) for g in self.groups],
+                       "queue_trace": self.queue_trace, "trainer_idle": self.trainer_idle, "steps": self.steps,
+                       "lags": self.lags, "decode_steps": self.decode_steps, "events": self.events})
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue a checkpointed run: its records come back, metrics.jsonl is rewritten to hold exactly its
+        steps (lines a crash left after the checkpoint go), and the clock goes on from `elapsed`."""
+        self.groups = [GroupSpan(**g) for g in state["groups"]]
+        self.queue_trace = [(float(t), int(q)) for t, q in state["queue_trace"]]
+        self.trainer_idle = [(float(a), float(b)) for a, b in state["trainer_idle"]]
+        self.steps = [dict(r) for r in state["steps"]]
+        self.lags = [int(x) for x in state["lags"]]
+        self.decode_steps = {int(j): int(n) for j, n in state["decode_steps"].items()}
+        self.events = [dict(e) for e in state["events"]]
+        self.close()
+        write_text(self.out_dir / STEPS_FILE, "".join(json.dumps(_clean(r)) + "\n" for r in self.steps))
+        self._steps_fh = open(self.out_dir / STEPS_FILE, "a")
+        self._resumed_at = (float(state["elapsed"]), len(self.events))
+        self.t0 = self.clock() - float(state["elapsed"])
+
+    def continue_clock(self) -> None:
+        """After a resumed run's start-up: the clock goes on from the checkpoint's time, so the time the run
+        was stopped or starting again counts nowhere (events of the start-up are put at that instant)."""
+        if self._resumed_at is None:
+            return
+        elapsed, first = self._resumed_at
+        for e in self.events[first:]:
+            e["t"] = round(elapsed, 4)
+        self.t0 = self.clock() - elapsed
+        self._resumed_at = None
 
     # ---------------------------------------------------------------- metrics
     def summary(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

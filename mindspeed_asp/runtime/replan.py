@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -97,3 +97,35 @@ class WindowPlanner:
 
     def save_history(self, path: Path) -> None:
         self.history.save(path)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> Dict[str, Any]:
+        """The length history as records, the planner's random state and how much of the rollout log is
+        the checkpointed run's (its size in bytes), as plain data."""
+        pid, epoch, offsets, values = self.history.records()
+        log_bytes = self.rollout_log.stat().st_size if self.rollout_log and self.rollout_log.is_file() else 0
+        return {"history": [{"prompt_id": str(pid[r]), "epoch": int(epoch[r]),
+                             "lengths": values[offsets[r]:offsets[r + 1]].tolist()} for r in range(len(pid))],
+                "rng": self.rng.bit_generator.state, "observed": self.observed, "rollout_log_bytes": log_bytes}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue a checkpointed run's history: lengths observed after the checkpoint (groups that were
+        still generating, or a crash after it) are cut from the rollout log, so each group's lengths appear
+        once when those groups are generated again."""
+        from mindspeed_asp.errors import InputError
+        from mindspeed_asp.scheduler.history import LengthHistory
+
+        self.history = LengthHistory()
+        for rec in state["history"]:
+            self.history.add(rec["prompt_id"], int(rec["epoch"]), rec["lengths"])
+        self.rng.bit_generator.state = state["rng"]
+        self.observed = int(state["observed"])
+        size = int(state["rollout_log_bytes"])
+        if self.rollout_log is not None:
+            have = self.rollout_log.stat().st_size if self.rollout_log.is_file() else 0
+            if have < size:
+                raise InputError(f"rollout log holds {have} bytes, the checkpoint counted {size}: it was changed "
+                                 f"after the checkpoint", path=str(self.rollout_log))
+            if have > size:
+                with open(self.rollout_log, "r+b") as fh:
+                    fh.truncate(size)

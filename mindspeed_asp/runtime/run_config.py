@@ -79,6 +79,9 @@ class RunSection(Strict):
     step_timeout_s: float = Field(600.0, gt=0.0, description="longest wait for a finished group")
     verify_weights: bool = Field(True, description="compare trainer and instance checksums after each sync")
     plots: bool = True
+    checkpoint_every: int = Field(
+        0, ge=0, description="write a checkpoint (OUT/checkpoint) every this many updates; 0 = only when the run "
+        "stops (at the end, or on SIGINT/SIGTERM). `asp train --resume OUT` continues from the latest")
     target_reward: Optional[float] = Field(
         None, allow_inf_nan=False, description="reward whose reach (updates and seconds, trailing mean of 3 "
         "updates) the summary and `asp compare` report; None = not reported")

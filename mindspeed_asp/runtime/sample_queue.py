@@ -31,6 +31,8 @@ from mindspeed_asp.policy import (DEFAULT_STALE_POLICY, TRAIN_ORDERS, LagPolicy,
                                   check_train_order, group_lag, is_stale, train_key)
 
 PREFER = TRAIN_ORDERS
+#: The queue's counters, saved and restored by a checkpoint.
+_COUNTERS = ("received", "trained", "dropped_stale", "regenerated", "duplicates", "trained_samples")
 
 
 def group_min_version(group: Any) -> int:
@@ -169,6 +171,31 @@ class SampleQueue:
         with self._lock:
             out, self._stale_out = self._stale_out, []
             return out
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> Dict[str, Any]:
+        """Waiting groups (with their versions and arrival order), trained ids, stale groups not yet handed
+        back, counters and the audit log, as Python objects (the checkpoint encodes the group results)."""
+        with self._lock:
+            return {"pending": [{"seq": e.seq, "version": e.version, "group": e.group}
+                                for e in sorted(self._pending.values(), key=lambda e: e.seq)],
+                    "trained_ids": list(self._trained_ids), "stale_out": list(self._stale_out), "seq": self._seq,
+                    "counters": {k: getattr(self, k) for k in _COUNTERS},
+                    "log_rows": [r.as_dict() for r in self.log_rows], "all_lags": list(self.all_lags)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore `state_dict()` output. The policy's counters are restored separately (they already count
+        the waiting groups), so nothing is reported to the policy here."""
+        with self._lock:
+            self._pending = {e["group"].group_id: _Entry(int(e["seq"]), e["group"], int(e["version"]))
+                             for e in state["pending"]}
+            self._trained_ids = set(state["trained_ids"])
+            self._stale_out = list(state["stale_out"])
+            self._seq = int(state["seq"])
+            for k in _COUNTERS:
+                setattr(self, k, int(state["counters"][k]))
+            self.log_rows = [QueueLogRow(**r) for r in state["log_rows"]]
+            self.all_lags = [int(x) for x in state["all_lags"]]
 
     # ------------------------------------------------------------------ observability
     def occupancy(self) -> int:
