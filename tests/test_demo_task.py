@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="needs the runtime extra: pip instal
 
 from mindspeed_asp.runtime.demo_task import DemoTask
 from mindspeed_asp.runtime.hf_sampler import sample_groups
-from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID, ensure_tiny_model
+from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID
 from mindspeed_asp.runtime.trainer import GRPOTrainer
 from mindspeed_asp.workloads.prompts import load_prompt_set
 
@@ -67,12 +67,11 @@ def test_jsonl_dataset_is_readable_by_the_planner(tmp_path):
     assert list(ps.prompt_lens) == [len(toks) for _, toks, _ in task.prompts()]
 
 
-def test_reward_rises_and_lengths_move_under_grpo(tmp_path):
+def test_reward_rises_and_lengths_move_under_grpo(tiny_model):
     """A dozen GRPO steps with a pure-HF sampler on the random tiny model (about 15 s on one core)."""
     torch.set_num_threads(1)
-    path = ensure_tiny_model(str(tmp_path / "tiny"), seed=0)
     task = DemoTask(64, seed=0)
-    tr = GRPOTrainer(path, lr=3e-3, seed=0, micro_batch_size=64)
+    tr = GRPOTrainer(tiny_model, lr=3e-3, seed=0, micro_batch_size=64)
     rng = random.Random(0)
     rewards_per_step, stop_share, mean_len = [], [], []
     for step in range(14):
@@ -93,10 +92,9 @@ def test_reward_rises_and_lengths_move_under_grpo(tmp_path):
     assert np.mean(mean_len[-3:]) < 0.8 * np.mean(mean_len[:3]), mean_len
 
 
-def test_hf_sampler_respects_eos_and_caps_and_reports_true_logprobs(tmp_path):
+def test_hf_sampler_respects_eos_and_caps_and_reports_true_logprobs(tiny_model):
     torch.set_num_threads(1)
-    path = ensure_tiny_model(str(tmp_path / "tiny"), seed=0)
-    tr = GRPOTrainer(path, lr=1e-3, seed=0, temperature=1.3)
+    tr = GRPOTrainer(tiny_model, lr=1e-3, seed=0, temperature=1.3)
     task = DemoTask(4, seed=4)
     prompts = task.prompts()
     groups = sample_groups(tr.model, prompts, n=8, eos_token_id=1, version=7, temperature=1.3, seed=0)

@@ -23,11 +23,9 @@ M = 4
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(no_ray_held):
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
-        pytest.skip("this process already holds a Ray")
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     worker = c.add_node(num_cpus=2)
     c.wait_for_nodes()

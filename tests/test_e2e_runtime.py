@@ -16,20 +16,11 @@ pytest.importorskip("ray")
 
 from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("local_ray")]
 
 STEPS = 3
 BASE = ["data.num_prompts=8", "data.n=4", "data.max_new_tokens=48", "asp.minibatch_groups=4", "asp.slots=16",
         f"run.steps={STEPS}", "asp.replan_every=1", "run.plots=false", "run.start_timeout_s=300"]
-
-
-@pytest.fixture(scope="module")
-def ray_session(tmp_path_factory):
-    from mindspeed_asp.runtime import ray_utils
-
-    ray_utils.start_local_ray(num_cpus=8, object_store_mb=256)
-    yield tmp_path_factory.mktemp("model") / "tiny"
-    ray_utils.stop_local_ray()
 
 
 def run(tmp_path, model_dir, mode, max_lag, extra=(), after_step=None):
@@ -57,8 +48,8 @@ def check_invariants(summary, steps, max_lag):
     assert summary["throughput/e2e_tps"] > 0 and summary["time/iteration"] > 0
 
 
-def test_stock_mode(tmp_path, ray_session):
-    summary, steps, out = run(tmp_path, ray_session, "stock", 0)
+def test_stock_mode(tmp_path, tiny_model):
+    summary, steps, out = run(tmp_path, tiny_model, "stock", 0)
     check_invariants(summary, steps, 0)
     # stock trains iteration k on groups k*M..(k+1)*M-1: dataset order across iterations (within one the
     # groups arrive in finishing order), no stealing
@@ -67,20 +58,20 @@ def test_stock_mode(tmp_path, ray_session):
     assert (out / "summary.json").is_file() and (out / "trace.json").is_file()
 
 
-def test_async_mode_lag1(tmp_path, ray_session):
-    summary, steps, _ = run(tmp_path, ray_session, "async", 1)
+def test_async_mode_lag1(tmp_path, tiny_model):
+    summary, steps, _ = run(tmp_path, tiny_model, "async", 1)
     check_invariants(summary, steps, 1)
 
 
-def test_asp_mode_lag2(tmp_path, ray_session):
-    summary, steps, out = run(tmp_path, ray_session, "asp", 2, extra=["run.plots=true"])
+def test_asp_mode_lag2(tmp_path, tiny_model):
+    summary, steps, out = run(tmp_path, tiny_model, "asp", 2, extra=["run.plots=true"])
     check_invariants(summary, steps, 2)
     assert all((out / name).is_file() for name in ("gantt.png", "queue.png", "lag_hist.png", "reward.png"))
 
 
-def test_asp_mode_lag0_replans_from_observed_lengths(tmp_path, ray_session):
+def test_asp_mode_lag0_replans_from_observed_lengths(tmp_path, tiny_model):
     # 4 prompts, windows of 4 groups: window k is epoch k, planned after epoch k-1's lengths were observed
-    summary, steps, out = run(tmp_path, ray_session, "asp", 0, extra=["data.num_prompts=4"])
+    summary, steps, out = run(tmp_path, tiny_model, "asp", 0, extra=["data.num_prompts=4"])
     check_invariants(summary, steps, 0)
     assert summary["lag/mean"] == 0.0
     trace = json.loads((out / "trace.json").read_text())
@@ -91,7 +82,7 @@ def test_asp_mode_lag0_replans_from_observed_lengths(tmp_path, ray_session):
     assert sorted({r["epoch"] for r in log}) == [0, 1, 2]
 
 
-def test_killed_instance_groups_are_redispatched(tmp_path, ray_session):
+def test_killed_instance_groups_are_redispatched(tmp_path, tiny_model):
     import ray
 
     killed = {}
@@ -101,7 +92,7 @@ def test_killed_instance_groups_are_redispatched(tmp_path, ray_session):
             killed["in_flight"] = driver.dispatcher.in_flight_count(1)
             ray.kill(driver.pool.handles[1], no_restart=True)
 
-    summary, steps, out = run(tmp_path, ray_session, "asp", 1, after_step=kill_after_first)
+    summary, steps, out = run(tmp_path, tiny_model, "asp", 1, after_step=kill_after_first)
     check_invariants(summary, steps, 1)
     assert summary["instances_alive"] == 1
     events = json.loads((out / "trace.json").read_text())["events"]
@@ -111,7 +102,7 @@ def test_killed_instance_groups_are_redispatched(tmp_path, ray_session):
     assert summary["redispatched"] >= killed["in_flight"]
 
 
-def test_asp_follows_offline_plan_file_then_replans(tmp_path, ray_session):
+def test_asp_follows_offline_plan_file_then_replans(tmp_path, tiny_model):
     from mindspeed_asp.runtime.driver import task_and_prompts
     from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
 
@@ -121,7 +112,7 @@ def test_asp_follows_offline_plan_file_then_replans(tmp_path, ray_session):
     plan = build_plan(prompts, est, instances=2, slots=cfg.asp.slots, minibatch=4,
                       max_new_tokens=cfg.data.max_new_tokens, groups_per_iteration=4).plan
     path = plan.save(tmp_path / "plan.jsonl")
-    summary, steps, out = run(tmp_path, ray_session, "asp", 1, extra=[f"asp.plan_path={path}"])
+    summary, steps, out = run(tmp_path, tiny_model, "asp", 1, extra=[f"asp.plan_path={path}"])
     check_invariants(summary, steps, 1)
     plans = [e for e in json.loads((out / "trace.json").read_text())["events"] if e["kind"] == "plan"]
     # epoch 0 (8 groups) follows the file's two iterations; epoch 1 is re-planned from observed lengths

@@ -23,14 +23,11 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_fit_cost_on_real_engine(tmp_path):
+def test_fit_cost_on_real_engine(tmp_path, tiny_model):
     pytest.importorskip("vllm")
-    from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
-
-    model = ensure_tiny_model(str(tmp_path / "tiny"))
     out = tmp_path / "cost.json"
     # a subprocess, as a user runs it: the engine and its thread settings stay out of the test process
-    proc = subprocess.run([sys.executable, "-m", "mindspeed_asp", "fit-cost", "--model", model, "--slots", "1,16",
+    proc = subprocess.run([sys.executable, "-m", "mindspeed_asp", "fit-cost", "--model", tiny_model, "--slots", "1,16",
                            "--contexts", "32,256", "--decode-steps", "6", "--no-progress", "-o", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

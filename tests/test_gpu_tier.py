@@ -27,22 +27,16 @@ def _gpus() -> int:
 
 
 @pytest.fixture(scope="module")
-def cuda_env():
+def cuda_env(tiny_model, ray_holder):
     ray = pytest.importorskip("ray")
     pytest.importorskip("vllm")
     from mindspeed_asp.runtime.platform import platform_from_name
-    from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray
-    from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
 
     old = os.environ.get("ASP_PLATFORM")
     os.environ["ASP_PLATFORM"] = "cuda"
     platform = platform_from_name("cuda")
-    started = not ray.is_initialized()
-    start_local_ray(num_cpus=8, platform=platform)
-    model_dir = ensure_tiny_model(os.path.join(os.environ.get("TMPDIR", "/tmp"), "asp-gpu-tier-tiny"))
-    yield {"ray": ray, "platform": platform, "model_dir": model_dir}
-    if started:
-        stop_local_ray()
+    ray_holder.ensure(platform="cuda")  # the held Ray when it is already CUDA's, else a fresh one
+    yield {"ray": ray, "platform": platform, "model_dir": tiny_model}
     if old is None:
         os.environ.pop("ASP_PLATFORM", None)
     else:

@@ -13,8 +13,7 @@ pytest.importorskip("vllm")
 
 from mindspeed_asp.runtime.instance import model_eos_token_id, start_instances  # noqa: E402
 from mindspeed_asp.runtime.platform import platform_from_name  # noqa: E402
-from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray  # noqa: E402
-from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID, ensure_tiny_model  # noqa: E402
+from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID  # noqa: E402
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, GroupResult  # noqa: E402
 
 pytestmark = pytest.mark.vllm  # every test here talks to a real vLLM engine in a Ray actor
@@ -24,15 +23,8 @@ SLOTS = 8
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "tiny-qwen2"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def inst(model_dir):
-    started = not ray.is_initialized()
-    start_local_ray(num_cpus=8, platform=CPU)
-    actors, infos = start_instances([EngineConfig(model_path=model_dir, slots=SLOTS, max_model_len=512)],
+def inst(tiny_model, local_ray):
+    actors, infos = start_instances([EngineConfig(model_path=tiny_model, slots=SLOTS, max_model_len=512)],
                                     platform=CPU, timeout_s=240, retries=1)
     assert infos[0]["platform"] == "cpu" and infos[0]["pid"] > 0 and infos[0]["start_seconds"] > 0
     yield actors[0]
@@ -41,8 +33,6 @@ def inst(model_dir):
     except Exception:
         pass
     ray.kill(actors[0])
-    if started:
-        stop_local_ray()
 
 
 def _group(gid: str, n: int = 2, tokens: int = 8, seed: int = 0, **kw) -> GroupRequest:
@@ -104,9 +94,9 @@ def _submit(actor, g: GroupRequest) -> str:
     return g.group_id
 
 
-def test_eos_stops_sample_unless_ignored(inst, model_dir):
+def test_eos_stops_sample_unless_ignored(inst, tiny_model):
     """vLLM ignores the model's EOS without a tokenizer; the instance adds it as a stop id."""
-    assert model_eos_token_id(model_dir) == EOS_TOKEN_ID
+    assert model_eos_token_id(tiny_model) == EOS_TOKEN_ID
     g = _group("eos", n=8, tokens=400, seed=5, ignore_eos=False)
     g_ign = _group("eos-ign", n=8, tokens=400, seed=5, ignore_eos=True)
     res = _wait_all(inst, [_submit(inst, g), _submit(inst, g_ign)])

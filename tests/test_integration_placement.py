@@ -12,7 +12,7 @@ from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import instance_env
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
+def two_nodes(no_ray_held):
     import ray
     from ray.cluster_utils import Cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"train_node": 1}})

@@ -11,16 +11,12 @@ N, M_GROUPS = 2, 4
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory):
+def pool(tiny_model, local_ray):
     ray = pytest.importorskip("ray")
     from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
     from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import RolloutWorker, vllm_engine_factory
-    from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray
-    from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
 
-    model = ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))
-    start_local_ray(num_cpus=8)
-    factory = functools.partial(vllm_engine_factory, model, dtype="float32", gpu_memory_utilization=0.05,
+    factory = functools.partial(vllm_engine_factory, tiny_model, dtype="float32", gpu_memory_utilization=0.05,
                                 max_model_len=256, max_num_seqs=8, seed=0)
     cls = ray.remote(num_cpus=1)(RolloutWorker)
     sampling = {"max_tokens": 12, "temperature": 1.0, "top_k": -1, "ignore_eos": True, "seed": 3}
@@ -33,7 +29,6 @@ def pool(tmp_path_factory):
         [[w] for w in workers], "plan", 0, M_GROUPS, 2, 4, False)
     yield ray, driver, workers
     ray.get(driver.stop.remote())
-    stop_local_ray()
 
 
 def test_plan_order_lag_admission_and_logprobs(pool):

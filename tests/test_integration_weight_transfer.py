@@ -224,41 +224,34 @@ def test_backend_names_and_misuse():
 
 # --------------------------------------------------------------------------------- sync_deadline
 @pytest.mark.slow
-def test_sync_deadline_names_silent_and_failing_actors():
-    ray = pytest.importorskip("ray")
-    from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray
+def test_sync_deadline_names_silent_and_failing_actors(local_ray):
+    import ray
 
-    started = not ray.is_initialized()
-    start_local_ray(num_cpus=4, object_store_mb=128)
-    try:
-        @ray.remote
-        def answer(value, delay=0.0, error=None):
-            time.sleep(delay)
-            if error == "timeout":
-                raise WeightSyncTimeout("rank 0 did not start round 3")
-            if error:
-                raise ValueError(error)
-            return value
+    @ray.remote
+    def answer(value, delay=0.0, error=None):
+        time.sleep(delay)
+        if error == "timeout":
+            raise WeightSyncTimeout("rank 0 did not start round 3")
+        if error:
+            raise ValueError(error)
+        return value
 
-        ray.get(answer.remote(0))  # a warm worker, so the deadlines below measure only the waits
-        got = sync_deadline({"instance 0 tp-rank 0": answer.remote(7), "instance 1 tp-rank 0": answer.remote(8)},
-                            timeout_s=60)
-        assert got == {"instance 0 tp-rank 0": 7, "instance 1 tp-rank 0": 8}
+    ray.get(answer.remote(0))  # a warm worker, so the deadlines below measure only the waits
+    got = sync_deadline({"instance 0 tp-rank 0": answer.remote(7), "instance 1 tp-rank 0": answer.remote(8)},
+                        timeout_s=60)
+    assert got == {"instance 0 tp-rank 0": 7, "instance 1 tp-rank 0": 8}
 
-        t0 = time.monotonic()
-        with pytest.raises(WeightSyncTimeout) as err:
-            sync_deadline({"instance 0 tp-rank 0": answer.remote(1), "instance 1 tp-rank 0": answer.remote(2, 30),
-                           "instance 2 tp-rank 0": answer.remote(3, 30)}, timeout_s=3)
-        assert time.monotonic() - t0 < 10
-        assert "instance 1 tp-rank 0, instance 2 tp-rank 0" in str(err.value)
-        assert "instance 0 tp-rank 0" not in str(err.value)
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncTimeout) as err:
+        sync_deadline({"instance 0 tp-rank 0": answer.remote(1), "instance 1 tp-rank 0": answer.remote(2, 30),
+                       "instance 2 tp-rank 0": answer.remote(3, 30)}, timeout_s=3)
+    assert time.monotonic() - t0 < 10
+    assert "instance 1 tp-rank 0, instance 2 tp-rank 0" in str(err.value)
+    assert "instance 0 tp-rank 0" not in str(err.value)
 
-        with pytest.raises(WeightSyncTimeout, match="instance 1 tp-rank 0: .*did not start round 3"):
-            sync_deadline({"instance 0 tp-rank 0": answer.remote(1),
-                           "instance 1 tp-rank 0": answer.remote(0, error="timeout")}, timeout_s=60)
-        with pytest.raises(WeightSyncError, match="instance 0 tp-rank 0: .*broken loader") as err:
-            sync_deadline({"instance 0 tp-rank 0": answer.remote(0, error="broken loader")}, timeout_s=60)
-        assert not isinstance(err.value, WeightSyncTimeout)
-    finally:
-        if started:
-            stop_local_ray()
+    with pytest.raises(WeightSyncTimeout, match="instance 1 tp-rank 0: .*did not start round 3"):
+        sync_deadline({"instance 0 tp-rank 0": answer.remote(1),
+                       "instance 1 tp-rank 0": answer.remote(0, error="timeout")}, timeout_s=60)
+    with pytest.raises(WeightSyncError, match="instance 0 tp-rank 0: .*broken loader") as err:
+        sync_deadline({"instance 0 tp-rank 0": answer.remote(0, error="broken loader")}, timeout_s=60)
+    assert not isinstance(err.value, WeightSyncTimeout)

@@ -94,14 +94,12 @@ class FakeInstance:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(no_ray_held):
     """Head and one worker node, 2 CPUs each: two 1-CPU instances would fit on either node alone, so only
     the pool's SPREAD placement puts them on both."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
-        pytest.skip("this process already holds a Ray")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test file
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     worker = c.add_node(num_cpus=2)

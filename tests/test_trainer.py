@@ -15,11 +15,6 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "m"), seed=0)
-
-
-@pytest.fixture(scope="module")
 def tied_model_path(tmp_path_factory):
     return ensure_tiny_model(str(tmp_path_factory.mktemp("tied") / "m"), seed=1, tie_word_embeddings=True)
 
@@ -44,8 +39,8 @@ def logits_of(model, ids):
         return model(input_ids=torch.tensor([ids])).logits
 
 
-def test_train_step_raises_logprob_of_rewarded_sample(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+def test_train_step_raises_logprob_of_rewarded_sample(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
     before_good = float(tr.sequence_logprobs(PROMPT, GOOD).sum())
     before_bad = float(tr.sequence_logprobs(PROMPT, BAD).sum())
     g = make_group(tr, [GOOD, BAD, GOOD, BAD])
@@ -64,8 +59,8 @@ def test_train_step_raises_logprob_of_rewarded_sample(model_path):
         assert key in stats
 
 
-def test_constant_rewards_leave_the_policy_unchanged(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+def test_constant_rewards_leave_the_policy_unchanged(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
     before = {k: v.clone() for k, v in tr.named_weights()}
     stats = tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 1.0]])
     assert stats["grad_norm"] == 0.0
@@ -73,8 +68,8 @@ def test_constant_rewards_leave_the_policy_unchanged(model_path):
         assert torch.equal(v, before[k]), k
 
 
-def test_off_policy_samples_are_importance_weighted_and_clipped(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-3, seed=0, clip_eps=0.2)
+def test_off_policy_samples_are_importance_weighted_and_clipped(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-3, seed=0, clip_eps=0.2)
     cur = tr.sequence_logprobs(PROMPT, GOOD)
     stale = (cur - 1.0).tolist()  # the behaviour policy gave these tokens e^-1 the current probability
     g = make_group(tr, [GOOD, BAD], behaviour=[stale, tr.sequence_logprobs(PROMPT, BAD).tolist()])
@@ -84,8 +79,8 @@ def test_off_policy_samples_are_importance_weighted_and_clipped(model_path):
     assert stats["mismatch_kl"] < 0  # behaviour log-probs below the current ones
 
 
-def test_kl_zero_when_model_equals_reference(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0, kl_coef=0.1)
+def test_kl_zero_when_model_equals_reference(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0, kl_coef=0.1)
     s1 = tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])
     assert s1["kl"] == pytest.approx(0.0, abs=1e-7)
     s2 = tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])
@@ -93,12 +88,12 @@ def test_kl_zero_when_model_equals_reference(model_path):
     assert s2["loss"] == pytest.approx(s2["pg_loss"] + 0.1 * s2["kl"], rel=1e-6)
 
 
-def test_micro_batching_does_not_change_the_update(model_path):
+def test_micro_batching_does_not_change_the_update(tiny_model):
     responses = [GOOD, BAD, [9] * 11, [12, 13], [1]]
     rewards = [[1.0, 0.0, 0.5, 0.2, 0.9]]
-    whole = GRPOTrainer(model_path, lr=1e-2, seed=0)
-    split = GRPOTrainer(model_path, lr=1e-2, seed=0, micro_batch_size=2)
-    budget = GRPOTrainer(model_path, lr=1e-2, seed=0, micro_batch_tokens=10)
+    whole = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
+    split = GRPOTrainer(tiny_model, lr=1e-2, seed=0, micro_batch_size=2)
+    budget = GRPOTrainer(tiny_model, lr=1e-2, seed=0, micro_batch_tokens=10)
     grads = []
     for t in (whole, split, budget):  # compare the accumulated gradients the optimizer receives
         grads.append({})
@@ -119,21 +114,21 @@ def test_micro_batching_does_not_change_the_update(model_path):
     assert stats[2]["bubble/padding_train"] == 0.0  # a budget of 10 tokens puts each row alone (15 > 10 still runs)
 
 
-def test_named_weights_match_checkpoint_names_and_round_trip(model_path):
+def test_named_weights_match_checkpoint_names_and_round_trip(tiny_model):
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
     tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])  # weights now differ from the file
     names = [n for n, _ in tr.named_weights()]
-    with safe_open(str(Path(model_path) / "model.safetensors"), "pt") as f:
+    with safe_open(str(Path(tiny_model) / "model.safetensors"), "pt") as f:
         assert sorted(names) == sorted(f.keys())  # the HF checkpoint names vLLM's load_weights accepts
     torch.manual_seed(123)
-    fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model))
     fresh.load_state_dict(dict(tr.named_weights()), strict=True)
     ids = PROMPT + GOOD
     assert torch.allclose(logits_of(fresh, ids), logits_of(tr.model, ids), atol=1e-6)
-    assert not torch.allclose(logits_of(AutoModelForCausalLM.from_pretrained(model_path), ids),
+    assert not torch.allclose(logits_of(AutoModelForCausalLM.from_pretrained(tiny_model), ids),
                               logits_of(tr.model, ids), atol=1e-6)
 
 
@@ -154,14 +149,14 @@ def test_tied_embeddings_are_sent_once_under_the_input_name(tied_model_path):
     assert torch.allclose(logits_of(fresh, ids), logits_of(tr.model, ids), atol=1e-6)
 
 
-def test_checkpoint_resume_reproduces_the_next_update(model_path, tmp_path):
-    a = GRPOTrainer(model_path, lr=1e-2, seed=0, kl_coef=0.05)
+def test_checkpoint_resume_reproduces_the_next_update(tiny_model, tmp_path):
+    a = GRPOTrainer(tiny_model, lr=1e-2, seed=0, kl_coef=0.05)
     a.train_step([make_group(a, [GOOD, BAD])], [[1.0, 0.0]])
     ckpt = a.save_checkpoint(tmp_path / "trainer.pt")
     g = make_group(a, [BAD, GOOD, [3, 4]])
     a.train_step([g], [[1.0, 0.0, 0.5]])
 
-    b = GRPOTrainer(model_path, lr=1e-2, seed=0, kl_coef=0.05)
+    b = GRPOTrainer(tiny_model, lr=1e-2, seed=0, kl_coef=0.05)
     b.load_checkpoint(ckpt)
     assert b.version == 1
     b.train_step([g], [[1.0, 0.0, 0.5]])  # same samples and behaviour log-probs as `a` saw
@@ -170,15 +165,15 @@ def test_checkpoint_resume_reproduces_the_next_update(model_path, tmp_path):
     for k, v in b.named_weights():
         assert torch.allclose(v, wa[k], atol=1e-7), k
     # In-memory state round-trips too, and a foreign dict is refused.
-    c = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    c = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
     c.load_checkpoint(a.state_dict_for_checkpoint())
     assert c.version == 2 and c.weights_checksum() == pytest.approx(a.weights_checksum(), rel=1e-9)
     with pytest.raises(ValueError, match="checkpoint"):
         c.load_checkpoint({"format": "something else"})
 
 
-def test_bad_input_is_refused_with_a_clear_message(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+def test_bad_input_is_refused_with_a_clear_message(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
     g = make_group(tr, [GOOD, BAD])
     with pytest.raises(ValueError, match="2 samples but 3 rewards"):
         tr.train_step([g], [[1.0, 0.0, 1.0]])
@@ -194,14 +189,14 @@ def test_bad_input_is_refused_with_a_clear_message(model_path):
     with pytest.raises(ValueError, match="no behaviour log-probs"):
         tr.train_step([g], [[1.0, 0.0]])
     assert tr.version == 0
-    lenient = GRPOTrainer(model_path, lr=1e-2, seed=0, missing_logprobs="recompute")
+    lenient = GRPOTrainer(tiny_model, lr=1e-2, seed=0, missing_logprobs="recompute")
     assert lenient.train_step([g], [[1.0, 0.0]])["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_save_pretrained_is_servable_hf_directory(model_path, tmp_path):
+def test_save_pretrained_is_servable_hf_directory(tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0)
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
     tr.train_step([make_group(tr, [GOOD, BAD])], [[0.0, 1.0]])
     out = tr.save_pretrained(tmp_path / "policy")
     assert json.loads((Path(out) / "config.json").read_text())["model_type"] == "qwen2"
@@ -217,10 +212,10 @@ def _accelerator():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _accelerator().is_accelerator, reason="needs a GPU/NPU (platform resolves to cpu)")
-def test_train_step_on_the_platform_device_matches_cpu(model_path):
-    dev = GRPOTrainer(model_path, lr=1e-2, seed=0)  # device from the platform object
+def test_train_step_on_the_platform_device_matches_cpu(tiny_model):
+    dev = GRPOTrainer(tiny_model, lr=1e-2, seed=0)  # device from the platform object
     assert dev.device.type == _accelerator().device_type
-    cpu = GRPOTrainer(model_path, lr=1e-2, seed=0, device="cpu")
+    cpu = GRPOTrainer(tiny_model, lr=1e-2, seed=0, device="cpu")
     responses = [GOOD, BAD, [9] * 7]
     s_dev = dev.train_step([make_group(dev, responses)], [[1.0, 0.0, 0.5]])
     s_cpu = cpu.train_step([make_group(cpu, responses)], [[1.0, 0.0, 0.5]])
@@ -232,20 +227,20 @@ def test_train_step_on_the_platform_device_matches_cpu(model_path):
         float(cpu.sequence_logprobs(PROMPT, GOOD).sum()), abs=1e-2)
 
 
-def test_temperature_is_applied_to_the_recomputed_logprobs(model_path):
-    t1 = GRPOTrainer(model_path, lr=1e-2, seed=0)
-    t07 = GRPOTrainer(model_path, lr=1e-2, seed=0, temperature=0.7)
+def test_temperature_is_applied_to_the_recomputed_logprobs(tiny_model):
+    t1 = GRPOTrainer(tiny_model, lr=1e-2, seed=0)
+    t07 = GRPOTrainer(tiny_model, lr=1e-2, seed=0, temperature=0.7)
     with torch.no_grad():
         logits = t1.model(input_ids=torch.tensor([PROMPT + GOOD])).logits[0, len(PROMPT) - 1:-1]
     expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(GOOD)[:, None])[:, 0]
     assert torch.allclose(t07.sequence_logprobs(PROMPT, GOOD), expected, atol=1e-6)
     assert not torch.allclose(t1.sequence_logprobs(PROMPT, GOOD), expected, atol=1e-3)
     with pytest.raises(ValueError, match="temperature"):
-        GRPOTrainer(model_path, temperature=0.0)
+        GRPOTrainer(tiny_model, temperature=0.0)
 
 
 @pytest.mark.slow
-def test_vllm_behaviour_logprobs_match_the_trainer(model_path, monkeypatch):
+def test_vllm_behaviour_logprobs_match_the_trainer(tiny_model, monkeypatch):
     """The contract with the real engine: vLLM's sampled-token log-probs (processed, at temperature 0.7)
     equal the trainer's recomputed ones, and a stopped sample ends with the EOS id, so on-policy data
     trains with ratio 1 and the EOS token is learned."""
@@ -254,7 +249,7 @@ def test_vllm_behaviour_logprobs_match_the_trainer(model_path, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model_path, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
+    llm = LLM(tiny_model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256,
               kv_cache_memory_bytes=32 * 2**20, logprobs_mode="processed_logprobs", seed=0)
     try:
         params = SamplingParams(n=64, max_tokens=40, temperature=0.7, logprobs=0, stop_token_ids=[1], seed=0)
@@ -262,7 +257,7 @@ def test_vllm_behaviour_logprobs_match_the_trainer(model_path, monkeypatch):
     finally:
         del llm
         gc.collect()
-    tr = GRPOTrainer(model_path, lr=1e-3, seed=0, temperature=0.7)
+    tr = GRPOTrainer(tiny_model, lr=1e-3, seed=0, temperature=0.7)
     samples = []
     for c in outs:
         lps = [float(entry[tok].logprob) for tok, entry in zip(c.token_ids, c.logprobs)]
@@ -287,10 +282,10 @@ def _grads_after(tr, groups, rewards):
     return tr.train_step(groups, rewards), grads
 
 
-def test_decoupled_equals_standard_on_lag_zero_data(model_path):
+def test_decoupled_equals_standard_on_lag_zero_data(tiny_model):
     responses, rewards = [GOOD, BAD, [9] * 6], [[1.0, 0.0, 0.4]]
-    std = GRPOTrainer(model_path, lr=1e-2, seed=0, micro_batch_size=2)
-    dec = GRPOTrainer(model_path, lr=1e-2, seed=0, micro_batch_size=2, objective="decoupled")
+    std = GRPOTrainer(tiny_model, lr=1e-2, seed=0, micro_batch_size=2)
+    dec = GRPOTrainer(tiny_model, lr=1e-2, seed=0, micro_batch_size=2, objective="decoupled")
     s_std, g_std = _grads_after(std, [make_group(std, responses)], rewards)
     s_dec, g_dec = _grads_after(dec, [make_group(dec, responses)], rewards)
     # Lag 0: the behaviour policy is the proximal one by definition, so every weight is exactly 1.
@@ -303,14 +298,14 @@ def test_decoupled_equals_standard_on_lag_zero_data(model_path):
     for k, v in g_dec.items():
         assert torch.allclose(v, g_std[k], atol=1e-7, rtol=1e-5), k
     # The same holds when the engine's numbers for a lag-0 sample are off: they are not used as behaviour.
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0, objective="decoupled")
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0, objective="decoupled")
     off = [(tr.sequence_logprobs(PROMPT, r) - 0.7).tolist() for r in (GOOD, BAD)]
     s = tr.train_step([make_group(tr, [GOOD, BAD], behaviour=off)], [[1.0, 0.0]])
     assert s["offpolicy/iw_mean"] == 1.0 and s["mismatch_kl"] == pytest.approx(-0.7, abs=1e-5)
 
 
-def test_decoupled_weights_stale_samples_by_hand(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0, objective="decoupled", iw_cap=2.0)
+def test_decoupled_weights_stale_samples_by_hand(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0, objective="decoupled", iw_cap=2.0)
     tr.train_step([make_group(tr, [GOOD, BAD])], [[1.0, 0.0]])  # now at version 1
     cur_good, cur_bad = tr.sequence_logprobs(PROMPT, GOOD), tr.sequence_logprobs(PROMPT, BAD)
     # Generated by version 0 (lag 1). GOOD: the sampler gave its tokens e^-1 of the current probability, so
@@ -331,8 +326,8 @@ def test_decoupled_weights_stale_samples_by_hand(model_path):
     assert stats["pg_loss"] == pytest.approx(-(2.0 * a * len(GOOD) - a * len(BAD)) / n, rel=1e-5)
 
 
-def test_decoupled_uses_token_versions_and_sequence_mode(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-2, seed=0, objective="decoupled", iw_cap=5.0)
+def test_decoupled_uses_token_versions_and_sequence_mode(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-2, seed=0, objective="decoupled", iw_cap=5.0)
     tr.version = 1
     cur = tr.sequence_logprobs(PROMPT, GOOD)
     g = make_group(tr, [GOOD, BAD], version=0, behaviour=[(cur - 0.25).tolist(),
@@ -344,7 +339,7 @@ def test_decoupled_uses_token_versions_and_sequence_mode(model_path):
     n = len(GOOD) + len(BAD)
     w = math.exp(0.25)
     assert s["offpolicy/iw_mean"] == pytest.approx((2 * w + 2 + len(BAD)) / n, rel=1e-5)
-    seq = GRPOTrainer(model_path, lr=1e-2, seed=0, objective="decoupled", iw_cap=5.0, iw_mode="sequence")
+    seq = GRPOTrainer(tiny_model, lr=1e-2, seed=0, objective="decoupled", iw_cap=5.0, iw_mode="sequence")
     seq.version = 1
     g2 = make_group(seq, [GOOD, BAD], version=0, behaviour=[(cur - 0.25).tolist(),
                                                             seq.sequence_logprobs(PROMPT, BAD).tolist()])
@@ -353,8 +348,8 @@ def test_decoupled_uses_token_versions_and_sequence_mode(model_path):
     assert s2["offpolicy/iw_mean"] == pytest.approx((math.e * len(GOOD) + len(BAD)) / n, rel=1e-4)
 
 
-def test_standard_objective_logs_the_weights_it_does_not_apply(model_path):
-    tr = GRPOTrainer(model_path, lr=1e-3, seed=0)
+def test_standard_objective_logs_the_weights_it_does_not_apply(tiny_model):
+    tr = GRPOTrainer(tiny_model, lr=1e-3, seed=0)
     tr.version = 2
     cur = tr.sequence_logprobs(PROMPT, GOOD)
     g = make_group(tr, [GOOD, BAD], version=1, behaviour=[(cur - 1.0).tolist(),
@@ -365,8 +360,8 @@ def test_standard_objective_logs_the_weights_it_does_not_apply(model_path):
     assert s["offpolicy/iw_max"] == pytest.approx(2.0) and s["offpolicy/iw_mean_lag1"] > 1.0
 
 
-def test_objective_settings_are_validated(model_path):
+def test_objective_settings_are_validated(tiny_model):
     for kwargs, match in (({"objective": "ppo"}, "objective"), ({"iw_cap": 0.9}, "iw_cap"),
                           ({"iw_mode": "row"}, "iw_mode")):
         with pytest.raises(ValueError, match=match):
-            GRPOTrainer(model_path, **kwargs)
+            GRPOTrainer(tiny_model, **kwargs)

@@ -21,8 +21,7 @@ from mindspeed_asp.errors import WeightSyncError, WeightSyncTimeout  # noqa: E40
 from mindspeed_asp.runtime import weight_sync as ws  # noqa: E402
 from mindspeed_asp.runtime.instance import start_instances  # noqa: E402
 from mindspeed_asp.runtime.platform import platform_from_name  # noqa: E402
-from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray  # noqa: E402
-from mindspeed_asp.runtime.tiny_model import ensure_tiny_model, load_hf_model  # noqa: E402
+from mindspeed_asp.runtime.tiny_model import load_hf_model  # noqa: E402
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest  # noqa: E402
 
 CPU = platform_from_name("cpu")
@@ -30,15 +29,8 @@ PROMPT = [11, 23, 5, 42, 7, 99]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("tiny") / "tiny-qwen2"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def cluster(model_dir):
-    started = not ray.is_initialized()
-    start_local_ray(num_cpus=8, platform=CPU)
-    cfg = EngineConfig(model_path=model_dir, slots=8, max_model_len=256)
+def cluster(tiny_model, local_ray):
+    cfg = EngineConfig(model_path=tiny_model, slots=8, max_model_len=256)
     actors, infos = start_instances([cfg, cfg], platform=CPU, timeout_s=240, retries=1)
     # small buckets so a round really spans several broadcasts
     sender = ws.WeightSyncSender(CPU, "127.0.0.1", 0, world_size=3, bucket_bytes=256 << 10, timeout_s=60)
@@ -52,8 +44,6 @@ def cluster(model_dir):
         except Exception:
             pass
         ray.kill(a)
-    if started:
-        stop_local_ray()
 
 
 def _generate(actor, group: GroupRequest, timeout: float = 120.0):
@@ -197,14 +187,14 @@ def test_checksum_never_allocates_more_than_one_chunk():
 
 
 @pytest.mark.vllm
-def test_sync_reaches_both_instances_and_matches_hf(cluster, model_dir):
+def test_sync_reaches_both_instances_and_matches_hf(cluster, tiny_model):
     actors, sender = cluster["actors"], cluster["sender"]
     assert cluster["offsets"] == [1, 2]
     greedy = GroupRequest("greedy-v0", "p", PROMPT, n=1, max_new_tokens=12, temperature=0.0, ignore_eos=True)
     before = [_generate(a, greedy).samples[0].token_ids for a in actors]
     assert before[0] == before[1]
 
-    model = _perturbed(load_hf_model(model_dir), seed=1)
+    model = _perturbed(load_hf_model(tiny_model), seed=1)
     stats = ws.sync_weights(sender, actors, 1, model.state_dict().items())
     assert stats.verified and stats.version == 1
     assert stats.tensors == len(model.state_dict()) and stats.bytes > 0 and stats.buckets > 1
@@ -239,9 +229,9 @@ def test_sync_reaches_both_instances_and_matches_hf(cluster, model_dir):
 
 
 @pytest.mark.vllm
-def test_second_round_updates_again(cluster, model_dir):
+def test_second_round_updates_again(cluster, tiny_model):
     actors, sender = cluster["actors"], cluster["sender"]
-    model = _perturbed(load_hf_model(model_dir), seed=2)
+    model = _perturbed(load_hf_model(tiny_model), seed=2)
     stats = ws.sync_weights(sender, actors, 2, model.named_parameters())
     assert stats.verified
     sums = ray.get([a.weights_checksum.remote() for a in actors])
@@ -254,7 +244,7 @@ def test_second_round_updates_again(cluster, model_dir):
 
 
 @pytest.mark.vllm
-def test_sync_lands_between_steps_of_inflight_requests(cluster, model_dir):
+def test_sync_lands_between_steps_of_inflight_requests(cluster, tiny_model):
     """An update during generation: the sample records both the old and the new version."""
     actors, sender = cluster["actors"], cluster["sender"]
     v_old = ray.get(actors[0].status.remote())["version"]
@@ -265,7 +255,7 @@ def test_sync_lands_between_steps_of_inflight_requests(cluster, model_dir):
     while ray.get(actors[0].status.remote())["generated_tokens"] <= before:
         assert time.time() < deadline
         time.sleep(0.01)
-    model = _perturbed(load_hf_model(model_dir), seed=5)
+    model = _perturbed(load_hf_model(tiny_model), seed=5)
     stats = ws.sync_weights(sender, actors, v_old + 1, model.state_dict().items())
     assert stats.verified
     ray.get(actors[0].submit.remote([GroupRequest("after", "p", PROMPT, n=1, max_new_tokens=2, ignore_eos=True)]))
@@ -283,14 +273,14 @@ def test_sync_lands_between_steps_of_inflight_requests(cluster, model_dir):
 
 
 @pytest.mark.vllm
-def test_group_can_be_reformed(cluster, model_dir):
+def test_group_can_be_reformed(cluster, tiny_model):
     """A driver that lost an instance re-forms the group on a new port; the old group is closed."""
     actors = cluster["actors"]
     cluster["sender"].close()
     sender = ws.WeightSyncSender(CPU, "127.0.0.1", 0, world_size=3, timeout_s=60)
     assert ws.init_weight_sync(sender, actors) == [1, 2]
     cluster["sender"] = sender
-    model = _perturbed(load_hf_model(model_dir), seed=9)
+    model = _perturbed(load_hf_model(tiny_model), seed=9)
     v = ray.get(actors[0].status.remote())["version"] + 1
     assert ws.sync_weights(sender, actors, v, model.state_dict().items()).verified
     assert [ray.get(a.status.remote())["version"] for a in actors] == [v, v]

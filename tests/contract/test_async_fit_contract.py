@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def test_methods_added_after_decoration_are_missing_and_ray_call_reaches_the_actor():
+def test_methods_added_after_decoration_are_missing_and_ray_call_reaches_the_actor(no_ray_held):
     import ray
 
     class Base:  # defined here so Ray ships the classes by value, as the `train` task receives MSRL's

@@ -16,7 +16,7 @@ N, GBS, M = 4, 8, 3
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, msrl_src):
+def env(tmp_path_factory, msrl_src, no_ray_held):
     sys.path.insert(0, str(HERE))
     import msrl_shim
     msrl_shim.install()

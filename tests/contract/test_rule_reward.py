@@ -19,7 +19,7 @@ ROWS = GBS * N
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, msrl_src):
+def env(tmp_path_factory, msrl_src, no_ray_held):
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(HERE.parent))
     import msrl_shim
