@@ -143,6 +143,13 @@ def load_run(path: str | Path) -> Dict[str, Any]:
     raise InputError("not a run directory (no summary.json)", path=str(p))
 
 
+def interrupted_mark(run: Dict[str, Any]) -> str:
+    """` [interrupted k/N]` for a partial run (a summary written when SIGINT/SIGTERM stopped it), else ""."""
+    if not run.get("interrupted"):
+        return ""
+    return f" [interrupted {run.get('steps', '?')}/{run.get('steps_planned', '?')}]"
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -167,7 +174,7 @@ def compare_table(runs: Sequence[Dict[str, Any]],
     base = runs[0]
     rows = []
     for r in runs:
-        row = [str(r.get("name", "?")), str(r.get("mode", "?"))]
+        row = [str(r.get("name", "?")) + interrupted_mark(r), str(r.get("mode", "?"))]
         for _, keys, sense in columns:
             v = _value(r, keys)
             cell = _fmt(v)
@@ -196,6 +203,9 @@ def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]
     if targets:
         note += ("; reward = mean of the last quarter of the updates; R* = target reward "
                  + "/".join(f"{t:g}" for t in targets) + " (trailing mean of 3 updates, '-' = not reached)")
+    if any(r.get("interrupted") for r in runs):
+        note += ("; [interrupted k/N] = stopped by a signal after k of N updates, its figures cover those k "
+                 "(asp train --resume continues it)")
     return format_table(header, rows) + "\n" + note, runs
 
 

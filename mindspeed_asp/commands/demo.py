@@ -14,6 +14,8 @@ directory is named after it (`asp_max_lag2`).
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from pathlib import Path
 from typing import List, Tuple
 
@@ -68,6 +70,7 @@ def handler(args: argparse.Namespace) -> int:
     prepare_run_dir(out, overwrite=True, key="--out", markers=("compare.txt",))
     from mindspeed_asp.runtime import ray_utils
     from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
+    from mindspeed_asp.runtime.stop_signals import exit_status
     # The engines' own log lines (vLLM start-up, per-sync reload notices) would bury the table: they stay in
     # Ray's session logs (/tmp/ray/session_latest/logs) unless --verbose; actor errors still reach us.
     ray_utils.start_local_ray(num_cpus=cfgs[0].run.ray_num_cpus, object_store_mb=cfgs[0].run.ray_object_store_mb,
@@ -78,7 +81,11 @@ def handler(args: argparse.Namespace) -> int:
                   f"{cfg.asp.minibatch_groups} groups x {cfg.data.n} samples, "
                   + ("synchronous" if cfg.asp.mode == "stock" else f"max_lag {cfg.asp.max_lag}"),
                   flush=True)
-            run_training(cfg, out / name, progress=not args.quiet)
+            summary = run_training(cfg, out / name, progress=not args.quiet)
+            if summary.get("interrupted"):  # SIGINT/SIGTERM: the later variants are not started
+                print(f"{name} interrupted by {summary.get('stop_signal')} after {summary.get('steps')} updates; "
+                      f"`asp train --resume {out / name}` continues it", file=sys.stderr)
+                return exit_status(signal.Signals[summary["stop_signal"]])
     finally:
         ray_utils.stop_local_ray()
     table, _ = compare_runs([out / name for name, _, _ in variants])

@@ -5,12 +5,20 @@ before Ray starts; the run shows a progress bar (step, reward, lag, queue, token
 summary.json, trace.json and plots under the output directory. It starts and stops its own local Ray, or with
 `--ray-address` (`run.ray_address`) runs its rollout instances on an existing, possibly multi-node, Ray
 cluster and only disconnects from it at the end. An output directory that already holds a run is refused
-unless `--overwrite`; the engines' own log lines are shown only with `--verbose`.
+unless `--resume` or `--overwrite`; the engines' own log lines are shown only with `--verbose`.
+
+`asp train --resume DIR [run.steps=N ...]` continues the run in DIR from its latest checkpoint (written every
+`run.checkpoint_every` updates and whenever a run stops) under the config stored in it; only keys that keep
+the run's meaning may be overridden (`run.steps` extends a run). SIGINT or SIGTERM stops a run after the
+current update with a checkpoint, a summary marked interrupted and the plots (exit status 128 + signal); a
+second signal aborts at once.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -69,7 +77,34 @@ def check_output(out: Path, overwrite: bool, key: str) -> None:
 
     check_output_dir(out, key=key)
     if not overwrite:
-        prepare_run_dir(out, overwrite=False, key=key)  # a directory holding a run (its log would grow)
+        prepare_run_dir(out, overwrite=False, key=key, resume_flag="--resume")  # a directory holding a run
+
+
+def resume_setup(args: argparse.Namespace):
+    """(config, run directory, checkpoint directory) of `--resume DIR`: the checkpoint's config with the
+    overrides a resume allows (runtime/resume.py); refused before Ray starts."""
+    from mindspeed_asp.errors import ConfigError
+    from mindspeed_asp.runtime.checkpoint import STATE_FILE, latest_checkpoint, read_state
+    from mindspeed_asp.runtime.resume import resume_config
+
+    for flag, given in (("--overwrite", args.overwrite), ("--config", args.config)):
+        if given:
+            raise ConfigError(f"{flag} cannot go with --resume (a resumed run keeps its directory and the config "
+                              f"stored in its checkpoint)", key=flag)
+    out = Path(args.resume)
+    if args.out and Path(args.out).resolve() != out.resolve():
+        raise ConfigError(f"--out {args.out} differs from --resume {args.resume}; a resumed run writes into its "
+                          f"own directory", key="--out")
+    ckpt = latest_checkpoint(out)
+    state = read_state(ckpt)
+    extra = list(args.overrides)
+    if args.mode:
+        extra.append(f"asp.mode={args.mode}")
+    if args.ray_address:
+        extra.append(f"run.ray_address={json.dumps(args.ray_address)}")
+    cfg = resume_config(state["config"], str(out), int(state["version"]), extra, where=str(ckpt / STATE_FILE),
+                        devices=_device_count())
+    return cfg, out, ckpt
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -78,15 +113,21 @@ def handler(args: argparse.Namespace) -> int:
 
     # The user's own mistakes first (config, outputs: core install only), then the install's: a typo in the
     # config is reported as such even where the runtime extra is missing.
-    cfg = build_config(args.config, args.overrides, args.mode, args.out, args.ray_address)
-    out = Path(cfg.run.out)
-    key = "--out" if args.out else "run.out"
-    check_output(out, args.overwrite, key)
-    require("asp train")  # a core-only install gets the pip line, not a ModuleNotFoundError
-    prepare_run_dir(out, args.overwrite, key=key)
+    ckpt = None
+    if args.resume:
+        cfg, out, ckpt = resume_setup(args)
+        require("asp train")
+    else:
+        cfg = build_config(args.config, args.overrides, args.mode, args.out, args.ray_address)
+        out = Path(cfg.run.out)
+        key = "--out" if args.out else "run.out"
+        check_output(out, args.overwrite, key)
+        require("asp train")  # a core-only install gets the pip line, not a ModuleNotFoundError
+        prepare_run_dir(out, args.overwrite, key=key, resume_flag="--resume")
     from mindspeed_asp.runtime import ray_utils
     from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
     from mindspeed_asp.runtime.platform import current_platform, platform_from_name
+    from mindspeed_asp.runtime.stop_signals import RunAborted, RunInterrupted, exit_status
 
     local = cfg.run.ray_address is None
     if local:
@@ -96,18 +137,31 @@ def handler(args: argparse.Namespace) -> int:
         ray_utils.start_local_ray(num_cpus=cfg.run.ray_num_cpus, object_store_mb=cfg.run.ray_object_store_mb,
                                   platform=plat, env=QUIET_ENV, log_to_driver=bool(args.verbose))
     try:
-        summary = run_training(cfg, out, progress=not args.quiet)
+        summary = run_training(cfg, out, progress=not args.quiet, resume=ckpt)
+    except RunInterrupted as exc:
+        print(f"asp train: {exc} during start-up: stopped, nothing trained in this part"
+              + (f"; {out} still resumes from {ckpt.name}" if ckpt else ""), file=sys.stderr)
+        return exit_status(exc.signum)
+    except RunAborted as exc:
+        print(f"asp train: aborted by a second {exc}; `asp train --resume {out}` continues from the last "
+              f"checkpoint written before it, if any", file=sys.stderr)
+        return exit_status(exc.signum)
     finally:
         if local:
             ray_utils.stop_local_ray()
     print(format_summary(summary, out))
+    if summary.get("interrupted"):
+        print(f"interrupted by {summary.get('stop_signal')} at update {summary.get('steps')} of "
+              f"{summary.get('steps_planned')}; checkpoint written; continue with: asp train --resume {out}")
+        return exit_status(signal.Signals[summary["stop_signal"]]) if summary.get("stop_signal") else 1
     return 0
 
 
 def format_summary(s: Dict[str, Any], out: Path) -> str:
     keys = ["throughput/e2e_tps", "throughput/rollout_tps", "time/iteration", "time/weight_sync",
             "bubble/padding", "bubble/skewness", "bubble/sorting", "lag/mean", "lag/max", "reward/final"]
-    lines = [f"run {out} ({s.get('mode')}, {s.get('steps')} updates)"]
+    state = f", interrupted at {s.get('steps')} of {s.get('steps_planned')}" if s.get("interrupted") else ""
+    lines = [f"run {out} ({s.get('mode')}, {s.get('steps')} updates{state})"]
     for k in keys:
         v = s.get(k)
         lines.append(f"  {k:24s} {v:.4g}" if isinstance(v, (int, float)) else f"  {k:24s} {v}")
@@ -126,6 +180,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="output directory (overrides run.out)")
     p.add_argument("--ray-address", help="run on this existing Ray cluster ('auto', 'host:port'; overrides "
                    "run.ray_address); default: start a local Ray and stop it afterwards")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the run in DIR from its latest checkpoint, under its own config (overrides "
+                   "limited to run.steps, run.checkpoint_every, reporting and Ray settings)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in the output directory (its run files are removed first)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

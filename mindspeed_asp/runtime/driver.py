@@ -14,6 +14,11 @@ the weight-sync group), that generate in their own background loops while the dr
 trained sample's lag is audited and logged, each sync is verified by checksums, versions increase by one per
 update, and a dead instance's groups are re-dispatched to the others (the sync group is re-formed without
 it); no group is trained twice.
+
+Checkpoints and signals (docs/runtime.md, "Checkpoints, resume and signals"): every `run.checkpoint_every`
+updates and whenever the run stops, the driver writes its whole state (`runtime/checkpoint.py`); SIGINT or
+SIGTERM stops the loop after the current update (`runtime/stop_signals.py`), and `resume=` continues a run
+from its latest checkpoint: the groups that were still generating are generated again, everything else goes on.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
@@ -35,6 +40,7 @@ from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_
 from mindspeed_asp.runtime.ray_utils import RaySession
 from mindspeed_asp.runtime.rollout_pool import RolloutPool
 from mindspeed_asp.runtime.run_config import RunConfig, dump_config
+from mindspeed_asp.runtime.stop_signals import StopSignals
 from mindspeed_asp.runtime.types import RequestId
 
 if TYPE_CHECKING:
@@ -75,7 +81,8 @@ class Driver:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, progress: bool = True,
                  after_step: Optional[Callable[["Driver", Dict[str, Any]], None]] = None,
-                 manage_ray: bool = True) -> None:
+                 manage_ray: bool = True, resume: Optional[str | Path] = None,
+                 handle_signals: bool = True) -> None:
         self.cfg = cfg
         self.mode = cfg.asp.mode
         self.max_lag = 0 if self.mode == "stock" else cfg.asp.max_lag
@@ -118,6 +125,14 @@ class Driver:
         self.window_index = 0
         self.t_last_step: Optional[float] = None
         self.bar: Any = None
+        # checkpoints, resume and stop signals
+        self.resume_dir: Optional[Path] = Path(resume) if resume is not None else None
+        self.handle_signals = handle_signals
+        self.stop = StopSignals(announce=True)
+        self.checkpoint_dir: Optional[Path] = None  # the latest checkpoint this process wrote
+        self.resumes: List[Dict[str, Any]] = []  # one row per restart of this run
+        self.decode_steps_before: Dict[int, int] = {}  # engine steps of the run's earlier parts, per instance
+        self.restored_rng: Optional[Dict[str, Any]] = None  # python/numpy RNG states to set once set-up is done
 
     # ================================================================== setup
     def _setup(self) -> None:
@@ -160,9 +175,17 @@ class Driver:
 
             self.planner = WindowPlanner(cfg.asp, self.prompt_set, cfg.data.max_new_tokens, cfg.asp.instances,
                                          rollout_log=self.out / "rollout_log.jsonl", seed=cfg.run.seed)
+        resumed = None
+        if self.resume_dir is not None:
+            from mindspeed_asp.runtime.checkpoint import read_state
+
+            resumed = read_state(self.resume_dir)
+            self._restore(resumed)
         if self.manage_ray:
             self.ray_session.platform = self.platform
             self.ray_session.open()
+            if self.handle_signals:
+                self.stop.install()  # ray.init put its own SIGTERM handler in place of ours
         self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
                                 threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
                                 multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
@@ -179,7 +202,14 @@ class Driver:
                                    dtype=cfg.model.dtype, objective=cfg.trainer.objective,
                                    iw_cap=cfg.trainer.iw_cap, iw_mode=cfg.trainer.iw_mode)
         self.pool.open_sync_group()
+        if resumed is not None:
+            self._resume_weights()
         self.pool.warmup(self.prompt_list[0][1], timeout_s=cfg.run.start_timeout_s)
+        if resumed is not None:
+            from mindspeed_asp.runtime.checkpoint import set_rng_state
+
+            set_rng_state(self.restored_rng)
+            self.recorder.continue_clock()
 
     def _sample_memory(self) -> None:
         """Peak resident memory of the run: the driver (trainer) plus every instance process and its
@@ -220,13 +250,18 @@ class Driver:
         The Ray it started (a local one) is stopped afterwards; an existing cluster (`run.ray_address`) is
         only disconnected from, and a Ray this process already had is left as it was.
         """
+        installed = self.stop.install() if self.handle_signals else False
         try:
             self._setup()
+            self.stop.arm()  # from here a first signal waits for the end of the current update
             self._loop()
+            self._save_checkpoint()
             summary = self._finish()
         finally:
             self._shutdown()
             self.ray_session.close()
+            if installed:
+                self.stop.restore()
         return summary
 
     def _loop(self) -> None:
@@ -235,10 +270,15 @@ class Driver:
         self.bar = _progress(cfg.run.steps, self.progress)
         try:
             while self.version < cfg.run.steps:
+                if self.stop.requested is not None:  # SIGINT/SIGTERM: a safe point, between two updates
+                    break
                 self._ensure_work_loaded()
                 self._dispatch()
                 got = self._poll()
                 if self._try_train():
+                    every = cfg.run.checkpoint_every
+                    if every and self.version % every == 0 and self.version < cfg.run.steps:
+                        self._save_checkpoint()
                     continue
                 if not got:
                     self._wait_idle()
@@ -443,8 +483,8 @@ class Driver:
 
     # ================================================================== finish
     def _finish(self) -> Dict[str, Any]:
-        steps = self.pool.decode_steps()
-        if steps and len(steps) == self.pool.count:
+        steps = self._decode_steps_total()
+        if steps:
             self.recorder.decode_steps = steps
         if self.planner is not None:
             self.planner.save_history(self.out / "length_history.jsonl")
@@ -462,6 +502,11 @@ class Driver:
             "instance_nodes": list(self.pool.nodes),
             "memory/peak_rss_gib": self.peak_rss,
             **self.queue.counters(),
+            # a run stopped by SIGINT/SIGTERM before run.steps: partial, resumable from its checkpoint
+            "interrupted": self.version < self.cfg.run.steps, "stop_signal": self.stop.requested_name,
+            "steps_planned": self.cfg.run.steps, "resumes": self.resumes,
+            "checkpoint": None if self.checkpoint_dir is None else {"dir": str(self.checkpoint_dir),
+                                                                  "version": self.version},
         }
         summary = self.recorder.write(extra)
         if self.cfg.run.plots:
@@ -472,9 +517,82 @@ class Driver:
 
     def _shutdown(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            self.pool.shutdown(graceful=not self.stop.aborted)  # a second signal: kill, do not ask
         if self.recorder is not None:
             self.recorder.close()
+
+
+    # ================================================================== checkpoints and resume
+    def _decode_steps_total(self) -> Dict[int, int]:
+        """Engine steps per instance over the whole run (earlier parts included); {} when not all known."""
+        now = self.pool.decode_steps()
+        if len(now) != self.pool.count or (self.resumes and not self.decode_steps_before):
+            return {}
+        return {j: self.decode_steps_before.get(j, 0) + n for j, n in now.items()}
+
+    def _save_checkpoint(self) -> None:
+        """Write the run's whole state as its latest checkpoint (atomic; runtime/checkpoint.py). Groups in
+        flight are saved as such and generated again by a resumed run."""
+        from mindspeed_asp.runtime.checkpoint import rng_state, write_checkpoint
+
+        self.recorder.event("checkpoint", version=self.version, in_flight=self.dispatcher.in_flight_count(),
+                            queued=self.queue.occupancy(), signal=self.stop.requested_name)
+        state = {
+            "version": self.version, "mode": self.mode, "config": dump_config(self.cfg),
+            "driver": {"next_gid": self.next_gid, "window_index": self.window_index,
+                       "plan_iteration": self.plan_iteration, "steals_logged": self.steals_logged,
+                       "minibatch_tag": self.minibatch_tag, "infos": [asdict(i) for i in self.infos.values()],
+                       "sync_rounds": self.sync_rounds, "trained_gids": self.trained_gids,
+                       "peak_rss": self.peak_rss, "decode_steps": self._decode_steps_total(),
+                       "resumes": self.resumes},
+            "policy": self.policy.state_dict(), "dispatcher": self.dispatcher.state_dict(),
+            "queue": self.queue.state_dict(), "recorder": self.recorder.state_dict(),
+            "planner": None if self.planner is None else self.planner.state_dict(), "rng": rng_state(),
+        }
+        self.checkpoint_dir = write_checkpoint(self.out, state, self.trainer)
+
+    def _restore(self, state: Dict[str, Any]) -> None:
+        """Put a checkpoint's state into the freshly built policy, dispatcher, queue, recorder and planner
+        (before the instances start). The groups that were in flight go back to the queues."""
+        if state["mode"] != self.mode:
+            raise RunError(f"checkpoint in {self.resume_dir} is a {state['mode']} run, this one {self.mode}")
+        d = state["driver"]
+        self.version = int(state["version"])
+        self.next_gid, self.window_index = int(d["next_gid"]), int(d["window_index"])
+        self.plan_iteration, self.steals_logged = int(d["plan_iteration"]), int(d["steals_logged"])
+        self.minibatch_tag = {int(g): int(tag) for g, tag in d["minibatch_tag"].items()}
+        self.infos = {int(i["gid"]): _GroupInfo(**i) for i in d["infos"]}
+        self.sync_rounds = list(d["sync_rounds"])
+        self.trained_gids = [int(g) for g in d["trained_gids"]]
+        self.peak_rss = float(d["peak_rss"])
+        self.decode_steps_before = {int(j): int(n) for j, n in d["decode_steps"].items()}
+        self.resumes = list(d["resumes"])
+        self.policy.load_state_dict(state["policy"])
+        self.dispatcher.load_state_dict(state["dispatcher"])
+        regenerate = self.dispatcher.abandon_in_flight()
+        self.queue.load_state_dict(state["queue"])
+        self.results_by_gid = {e["group"].group_id.gid: e["group"] for e in state["queue"]["pending"]}
+        self.recorder.load_state_dict(state["recorder"])
+        self.spans = {g.gid: g for g in self.recorder.groups}  # the latest span of each group
+        if self.planner is not None:
+            self.planner.load_state_dict(state["planner"])
+        self.restored_rng = state["rng"]
+        self.resumes.append({"from_version": self.version, "regenerate": len(regenerate),
+                             "kept": self.queue.occupancy(), "checkpoint": self.resume_dir.name})
+        self.recorder.event("resumed", version=self.version, regenerate=regenerate, kept=self.queue.occupancy())
+
+    def _resume_weights(self) -> None:
+        """The trainer takes the checkpoint's weights, optimizer and RNG; the instances, started from the model
+        path, get the same weights under the checkpoint's version before the first dispatch."""
+        from mindspeed_asp.runtime.checkpoint import trainer_file
+
+        self.trainer.load_checkpoint(trainer_file(self.resume_dir))
+        if self.trainer.version != self.version:
+            raise RunError(f"checkpoint {self.resume_dir}: trainer at version {self.trainer.version}, run state "
+                           f"at {self.version}")
+        sync = self.pool.sync(self.version, self.trainer.named_weights, verify=self.cfg.run.verify_weights)
+        self.recorder.event("resume_sync", version=self.version, seconds=round(float(sync.get("seconds", 0.0)), 3),
+                            verified=bool(sync.get("verified", False)))
 
 
 def task_and_prompts(cfg: RunConfig):
@@ -492,6 +610,8 @@ def task_and_prompts(cfg: RunConfig):
 
 def run_training(cfg: RunConfig, out_dir: str | Path, progress: bool = True,
                  after_step: Optional[Callable[[Driver, Dict[str, Any]], None]] = None,
-                 manage_ray: bool = True) -> Dict[str, Any]:
-    """Run one training run and return its summary (see Driver)."""
-    return Driver(cfg, out_dir, progress=progress, after_step=after_step, manage_ray=manage_ray).run()
+                 manage_ray: bool = True, resume: Optional[str | Path] = None) -> Dict[str, Any]:
+    """Run one training run and return its summary (see Driver); `resume` is a checkpoint directory
+    (`runtime.checkpoint.latest_checkpoint`) to continue from."""
+    return Driver(cfg, out_dir, progress=progress, after_step=after_step, manage_ray=manage_ray,
+                  resume=resume).run()

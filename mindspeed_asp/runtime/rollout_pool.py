@@ -250,8 +250,9 @@ class RolloutPool:
                 "instances": len(live)}
 
     # ================================================================== end
-    def shutdown(self) -> None:
-        """Close the sync group, stop and kill every instance, free the placement group (best effort)."""
+    def shutdown(self, graceful: bool = True) -> None:
+        """Close the sync group, stop and kill every instance, free the placement group (best effort).
+        `graceful=False` (an aborted run) skips asking each engine to stop and kills the actors at once."""
         import ray
 
         if self.sender is not None:
@@ -261,7 +262,7 @@ class RolloutPool:
                 pass
             self.sender = None
         for j, a in enumerate(self.handles):
-            if self.alive[j]:
+            if self.alive[j] and graceful:
                 try:
                     ray.get(a.shutdown.remote(), timeout=CALL_TIMEOUT_S)
                 except Exception:  # noqa: BLE001
