@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import pytest
 
+
 class RayHolder:
     """The Ray this test process holds: started on demand, restarted when other settings are asked for."""
 
