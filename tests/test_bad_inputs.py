@@ -30,6 +30,19 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
+def _write_checkpoint(run: Path, version: int, steps: int) -> None:
+    """A run directory holding a checkpoint at `version` of a `steps`-update tiny run (what --resume reads)."""
+    from mindspeed_asp.runtime.checkpoint import FORMAT
+    from mindspeed_asp.runtime.run_config import dump_config, load_run_config, packaged_config_path
+
+    config = dump_config(load_run_config(packaged_config_path(), [f"run.steps={steps}"]))
+    _write(run / "metrics.jsonl", SENTINEL)
+    _write(run / "checkpoint" / "latest.json", b'{"dir": "ckpt-000002-1", "version": 2}\n')
+    _write(run / "checkpoint" / "ckpt-000002-1" / "state.json",
+           json.dumps({"format": FORMAT, "version": version, "config": config}).encode())
+    _write(run / "checkpoint" / "ckpt-000002-1" / "trainer.pt", SENTINEL)
+
+
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
     """The workspace every case starts from: good inputs, bad inputs and outputs that must survive."""
@@ -60,6 +73,7 @@ def template(tmp_path_factory) -> Path:
         _write(root / "run_old" / f, SENTINEL)
     _write(root / "demo_old" / "stock" / "summary.json", SENTINEL)
     _write(root / "run_bad" / "summary.json", b'{"mode": "' + NOT_UTF8 + b'"}\n')
+    _write_checkpoint(root / "run_ckpt", version=2, steps=4)
     return root
 
 
@@ -161,7 +175,7 @@ CATALOGUE = [
     ("fit-decode-steps-0", FIT + ["--decode-steps", "0"], ["--decode-steps"]),
     ("fit-out-parent-file", FIT[:-1] + ["afile/c.json"], ["afile", "-o"]),
     # asp train (refused before Ray starts)
-    ("train-out-holds-run", ["train", "--quiet", "--out", "run_old"], ["run_old", "--overwrite"]),
+    ("train-out-holds-run", ["train", "--quiet", "--out", "run_old"], ["run_old", "--overwrite", "--resume"]),
     ("train-out-is-file", ["train", "--quiet", "--out", "afile"], ["afile", "--out"]),
     ("train-planner", TRAIN + ["asp.planner=nope"], ["asp.planner"]),
     ("train-history-missing", TRAIN + ["asp.history_path=nowhere.jsonl"], ["asp.history_path"]),
@@ -170,6 +184,14 @@ CATALOGUE = [
     ("train-lr-inf", TRAIN + ["trainer.lr=.inf"], ["trainer.lr"]),
     ("train-n-over-slots", TRAIN + ["data.n=64"], ["data.n"]),
     ("train-config-not-utf8", TRAIN + ["--config", "bad.yaml"], ["bad.yaml:2", "UTF-8"]),
+    ("train-resume-no-checkpoint", ["train", "--quiet", "--resume", "run_old"], ["run_old", "no checkpoint"]),
+    ("train-resume-overwrite", ["train", "--quiet", "--resume", "run_ckpt", "--overwrite"], ["--overwrite"]),
+    ("train-resume-config", ["train", "--quiet", "--resume", "run_ckpt", "--config", "bad.yaml"], ["--config"]),
+    ("train-resume-max-lag", ["train", "--quiet", "--resume", "run_ckpt", "asp.max_lag=3"],
+     ["asp.max_lag", "state.json", "cannot change"]),
+    ("train-resume-mode", ["train", "--quiet", "--resume", "run_ckpt", "--mode", "stock"], ["asp.mode"]),
+    ("train-resume-steps-reached", ["train", "--quiet", "--resume", "run_ckpt", "run.steps=2"],
+     ["run.steps", "nothing left to run"]),
     # asp compare
     ("compare-summary-not-utf8", ["compare", "run_bad", "run_old"], ["run_bad/summary.json:1", "UTF-8"]),
     ("compare-json-parent-file", ["compare", "run_old", "--json", "afile/c.json"], ["--json"]),

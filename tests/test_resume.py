@@ -7,7 +7,8 @@ that run left (Ray's GCS, raylet, agents, workers, the vLLM instances: every pro
 environment tag). Part 2 resumes to the end. The finished run must have trained every group exactly once
 (the groups waiting for the trainer at the stop trained after the restart, not generated again), versions
 1..6 once each, metrics.jsonl with each step once, and a length history holding one run's lengths: each
-(prompt, epoch) once, with n lengths.
+(prompt, epoch) once, with n lengths. A second test sends SIGINT then SIGTERM: the run aborts at once, exits
+143 without a traceback, leaves no process, and its last complete checkpoint stays readable.
 """
 from __future__ import annotations
 
@@ -148,3 +149,32 @@ def test_sigterm_mid_run_then_resume_trains_every_group_once(tmp_path):
     assert len(log) == len(trace["groups"])
     history = _lines(out / "length_history.jsonl")
     assert len(history) == len(keys) and all(len(r["lengths"]) == N for r in history)
+
+
+@pytest.mark.timeout(1200)
+def test_second_signal_aborts_at_once_and_leaves_the_last_checkpoint_and_no_process(tmp_path):
+    """SIGINT (Ctrl-C) then SIGTERM right after: the run aborts without its stop checkpoint, exits 143 without
+    a traceback, leaves no process of the run, and the checkpoint written before (update 2) is still whole."""
+    from mindspeed_asp.runtime.checkpoint import latest_checkpoint, read_state
+
+    out = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    proc = _asp(["train", "--quiet", "--out", str(out), f"model.path={tmp_path / 'model'}", "asp.instances=2",
+                 f"run.steps={STEPS}", f"run.checkpoint_every={EVERY}", "run.plots=false"], tmp_path, tag,
+                tmp_path / "run")
+    deadline = time.time() + 900
+    while len(_lines(out / "metrics.jsonl")) < KILL_AFTER:
+        assert proc.poll() is None, (tmp_path / "run.err").read_text()[-3000:]
+        assert time.time() < deadline, "the run did not reach the kill point"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=300)
+    err = (tmp_path / "run.err").read_text()
+    assert rc == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "aborting now" in err and "aborted by a second SIGTERM" in err, err[-3000:]
+    _assert_nothing_left(tag)
+    # the periodic checkpoint of update 2, or the stop's own if it was complete before the second signal
+    state = read_state(latest_checkpoint(out))
+    assert EVERY <= state["version"] < STEPS
