@@ -69,11 +69,11 @@ class _GroupInfo:
     window: int = 0
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, initial: int = 0):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="train", unit="step", file=sys.stderr, disable=not enabled, leave=True,
-                dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc="train", unit="step", file=sys.stderr, disable=not enabled,
+                leave=True, dynamic_ncols=True)
 
 
 class Driver:
@@ -267,7 +267,7 @@ class Driver:
     def _loop(self) -> None:
         cfg = self.cfg
         self.startup.all_ready()
-        self.bar = _progress(cfg.run.steps, self.progress)
+        self.bar = _progress(cfg.run.steps, self.progress, initial=self.version)  # a resumed run starts at v
         try:
             while self.version < cfg.run.steps:
                 if self.stop.requested is not None:  # SIGINT/SIGTERM: a safe point, between two updates
