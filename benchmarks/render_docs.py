@@ -61,6 +61,7 @@ RENDERERS: Dict[str, Renderer] = {
     "checksum_cost": Renderer("checksum_cost.json", doc_tables.checksum_cost),
     "demo_learning": Renderer("demo_learning.json", doc_tables.demo_learning),
     "convergence": Renderer("convergence.json", doc_tables.convergence),
+    "demo": Renderer("convergence.json", doc_tables.demo),
 }
 
 # markers stand alone on their line (a marker quoted inside prose is not one)
