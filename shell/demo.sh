@@ -5,4 +5,5 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/shell/setup_env.sh" cpu,test
 cd "$root"
-exec "${ASP_VENV:-$root/.venv}/bin/asp" demo "$@"
+# --overwrite: re-running the demo replaces its previous runs under runs/demo (asp demo alone refuses to)
+exec "${ASP_VENV:-$root/.venv}/bin/asp" demo --overwrite "$@"
