@@ -272,8 +272,10 @@ class AsyncFit:
             self.workers, policy, self.asp.max_lag, self.topo.gbs, capacity, 16, self.asp.work_stealing,
             self.asp.stale_policy)
         if state is not None:
+            self.version = int(state["policy_version"])
+        self.sync_weights(self.version)  # before any work: an instance refuses to generate without weights
+        if state is not None:
             self.restore(state)
-        self.sync_weights(self.version)
 
     # -- checkpoint (resume_state.py)
     def settings(self) -> Dict[str, Any]:
