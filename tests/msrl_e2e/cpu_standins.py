@@ -336,7 +336,8 @@ def setup_model_and_optimizer(model_provider_func: Any, model_type: Any, no_wd_d
 
 def load_checkpoint(model: Any, optimizer: Any, opt_param_scheduler: Any, load_arg: str = "load",
                     strict: bool = True, **_: Any) -> Any:
-    """Weights come from the HF directory (the same ones vLLM starts from); a saved state dict if `load` has one."""
+    """Weights come from the HF directory (the same ones vLLM starts from); a saved state dict if `load` has one,
+    with the iteration and consumed samples Megatron's checkpoint restores (what a resumed launcher reads)."""
     import torch
     args = get_args()
     path = getattr(args, load_arg, None)
@@ -345,6 +346,7 @@ def load_checkpoint(model: Any, optimizer: Any, opt_param_scheduler: Any, load_a
         state = torch.load(state_file, map_location="cpu")
         model[0].load_state_dict(state["model"])
         args.iteration = int(state["iteration"])
+        args.consumed_train_samples = int(state.get("consumed_train_samples", 0))
     return args.iteration, 0
 
 
@@ -356,8 +358,11 @@ def save_checkpoint(iteration: int, model: Any, optimizer: Any, opt_param_schedu
     if not args.save:
         return
     os.makedirs(args.save, exist_ok=True)
-    torch.save({"model": model[0].state_dict(), "iteration": int(iteration)},
-               os.path.join(str(args.save), "tiny_megatron_state.pt"))
+    state = {"model": model[0].state_dict(), "iteration": int(iteration),
+             "consumed_train_samples": int(getattr(args, "consumed_train_samples", 0))}
+    tmp = os.path.join(str(args.save), "tiny_megatron_state.pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, os.path.join(str(args.save), "tiny_megatron_state.pt"))  # whole, like Megatron's iter_ dirs
 
 
 def unwrap_model(model: Any, module_instances: Any = None) -> Any:

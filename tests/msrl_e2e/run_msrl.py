@@ -1,19 +1,26 @@
 """Run MindSpeed-RL's own GRPO `train` task on a CPU, the way `cli/train_grpo.py` does on a cluster.
 
     python run_msrl.py --workdir DIR --mode {stock,asp0,asp1,async1} [--without-asp] [--iters 3]
+        [--tag NAME] [--save-interval K] [--stop-after-save K | --resume]
 
 The driver installs the CPU stand-ins, imports MindSpeed-RL (`cli/train_grpo.py`, as a cluster's launcher
 does), starts a local Ray with the project's `runtime_env.yaml` (its `worker_process_setup_hook` is ASP's,
 behind the stand-ins), and calls `train.remote(config)`. Everything the workers print reaches this process's
 stdout (Ray forwards it), which the tier's tests read: MindSpeed-RL's iteration lines and ASP's audit file.
+
+A pre-empted run and its restart: `--stop-after-save K` interrupts the run (SIGINT, as a scheduler would stop
+it) once the checkpoint of iteration K and ASP's state beside it exist; `--resume` runs the same directory
+again from its checkpoint (Megatron's `finetune` off, the plan kept), auditing into `asp_audit_resume.jsonl`.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +56,18 @@ def build_plan(workdir: Path, cfg_path: Path, gbs: int, n: int, instances: int, 
     return plan
 
 
+def stop_after(path: Path, poll_s: float = 0.2) -> threading.Thread:
+    """Interrupt this process (SIGINT -> KeyboardInterrupt in the launcher's `ray.get`) once `path` exists."""
+    def watch() -> None:
+        while not path.exists():
+            time.sleep(poll_s)
+        print(f"[msrl-e2e] {path.name} written: stopping the run", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", required=True)
@@ -57,9 +76,15 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--gbs", type=int, default=2)
     ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--tag", default="", help="suffix of the run directory (runs of one mode kept apart)")
+    ap.add_argument("--save-interval", type=int, default=1000, help="megatron_training.save_interval")
+    run_kind = ap.add_mutually_exclusive_group()
+    run_kind.add_argument("--stop-after-save", type=int, metavar="K",
+                          help="interrupt the run once iteration K's checkpoint and ASP state are written")
+    run_kind.add_argument("--resume", action="store_true", help="continue the run directory from its checkpoint")
     args = ap.parse_args()
     root = Path(args.workdir).resolve()
-    out = root / (args.mode + ("-noasp" if args.without_asp else ""))
+    out = root / (args.mode + ("-noasp" if args.without_asp else "") + (f"-{args.tag}" if args.tag else ""))
     out.mkdir(parents=True, exist_ok=True)
     msrl = os.environ["MINDSPEED_RL_SRC"]
     sys.path.insert(0, msrl)
@@ -70,13 +95,19 @@ def main() -> int:
     import yaml
     model = fixtures.make_model(root)
     data = fixtures.make_dataset(root, model, count=(args.iters + 4) * args.gbs)
-    asp = dict(MODES[args.mode], slots=8, minibatch_groups=args.gbs, audit_path=str(out / "asp_audit.jsonl"))
+    audit = out / ("asp_audit_resume.jsonl" if args.resume else "asp_audit.jsonl")
+    asp = dict(MODES[args.mode], slots=8, minibatch_groups=args.gbs, audit_path=str(audit))
     cfg = fixtures.run_config(model, data, out, gbs=args.gbs, n=args.n, iters=args.iters, asp=asp)
+    cfg["megatron_training"]["save_interval"] = args.save_interval
+    cfg["actor_config"]["finetune"] = not args.resume  # off: Megatron loads the iteration with the weights
     cfg_path = out / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     if asp["mode"] == "asp":
-        asp["plan_path"] = str(build_plan(out, cfg_path, args.gbs, args.n, asp["instances"], asp["max_lag"],
-                                          args.iters, cfg["generate_config"]["sampling_config"]["max_tokens"]))
+        plan = out / "plan.parquet"
+        if not (args.resume and plan.is_file()):  # a restart keeps the run's plan
+            plan = build_plan(out, cfg_path, args.gbs, args.n, asp["instances"], asp["max_lag"], args.iters,
+                              cfg["generate_config"]["sampling_config"]["max_tokens"])
+        asp["plan_path"] = str(plan)
         cfg["asp"] = asp
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     os.environ["ASP_MSRL_CONFIG"] = str(cfg_path)
@@ -105,11 +136,18 @@ def main() -> int:
     ray.init(num_cpus=32, resources={"NPU": 8}, runtime_env=runtime_env, include_dashboard=False,
              log_to_driver=True)
     t0 = time.time()
+    if args.stop_after_save:
+        from mindspeed_asp.integrations.mindspeed_rl.resume_state import state_path
+        stop_after(state_path(cfg["actor_config"]["save"], args.stop_after_save))
     argv = sys.argv
     sys.argv = [str(Path(msrl) / "cli" / "train_grpo.py"), "--config-path", str(out), "--config-name", "run",
                 f"hydra.run.dir={out / 'hydra'}", "hydra.output_subdir=null"]
     try:
         launcher["main"]()
+    except KeyboardInterrupt:
+        if not args.stop_after_save:
+            raise
+        print(f"[msrl-e2e] {args.mode} stopped after the checkpoint of iteration {args.stop_after_save}", flush=True)
     finally:
         sys.argv = argv
         if ray.is_initialized():

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import pytest
 
@@ -35,16 +35,18 @@ def workdir(tmp_path_factory: Any) -> Path:
     return tmp_path_factory.mktemp("msrl_e2e")
 
 
-def run_mode(workdir: Path, mode: str, without_asp: bool = False) -> Dict[str, Any]:
-    name = mode + ("-noasp" if without_asp else "")
-    log = workdir / f"{name}.log"
+def run_mode(workdir: Path, mode: str, without_asp: bool = False, iters: int = ITERS, tag: str = "",
+             extra: Sequence[str] = (), audit_name: str = "asp_audit.jsonl", log_name: str = "") -> Dict[str, Any]:
+    name = mode + ("-noasp" if without_asp else "") + (f"-{tag}" if tag else "")
+    log = workdir / f"{log_name or name}.log"
     cmd = [sys.executable, str(HERE / "run_msrl.py"), "--workdir", str(workdir), "--mode", mode,
-           "--iters", str(ITERS), "--gbs", str(GBS), "--n", str(N)] + (["--without-asp"] if without_asp else [])
+           "--iters", str(iters), "--gbs", str(GBS), "--n", str(N)] + (["--without-asp"] if without_asp else [])
+    cmd += (["--tag", tag] if tag else []) + list(extra)
     with log.open("w") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=600, env=dict(os.environ))
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, f"{name} failed (log {log}):\n" + text[-6000:]
-    audit = workdir / name / "asp_audit.jsonl"
+    audit = workdir / name / audit_name
     records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
     return {"iterations": read_iterations(log), "audit": records, "dir": workdir / name, "log": text}
 
@@ -145,3 +147,50 @@ def test_importance_weights_are_one_at_lag_zero_and_not_at_lag_one(streaming: Di
     for rec in by_lag[0]:
         assert rec["asp/iw_mean"] == 1.0 and rec["asp/iw_max"] == 1.0 and rec["asp/behav_prox_absdiff_max"] == 0.0
     assert any(r["asp/behav_prox_absdiff_mean"] > 0.0 and r["asp/iw_max"] != 1.0 for r in by_lag[1])
+
+
+RESUME_ITERS, SAVED_AT = 4, 2
+
+
+@pytest.mark.timeout(1800)  # two runs of the tier (each up to the 600 s a run is given)
+def test_asp_run_resumes_from_msrl_checkpoint_with_asps_state(workdir: Path) -> None:
+    """Pre-empted after the checkpoint of iteration 2 (asp, max_lag 1, 2 instances), then restarted from it: the
+    finished groups ASP saved beside the checkpoint are trained as they were generated, only the unfinished
+    ones are generated again, versions continue, the plan cursor continues (every planned prompt trained once,
+    none lost), and no group is trained twice across the restart."""
+    from mindspeed_asp.integrations.mindspeed_rl.resume_state import read_state
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+    common = dict(iters=RESUME_ITERS, tag="resume")
+    first = run_mode(workdir, "asp1", extra=["--save-interval", str(SAVED_AT), "--stop-after-save", str(SAVED_AT)],
+                     **common)
+    assert "stopped after the checkpoint of iteration 2" in first["log"]
+    state = read_state(first["dir"] / "ckpt", SAVED_AT, {"mode": "asp", "max_lag": 1, "instances": 2, "gbs": GBS,
+                                                           "n": N})
+    saved = [r for r in first["audit"] if r["iteration"] <= SAVED_AT]  # what the checkpoint holds
+    assert [r["new_version"] for r in saved] == [1, 2] and state["policy_version"] == 2
+    assert sorted(int(g) for r in saved for g in r["group_ids"]) == sorted(state["trained_gids"])
+    kept = {r["request"]["group_id"] for r in state["ready"]} | {r["request"]["group_id"] for r in state["unfinished"]}
+    assert len(kept) == (1 + 1) * GBS  # max_lag + 1 windows are fed ahead of the updates
+
+    second = run_mode(workdir, "asp1", extra=["--save-interval", str(SAVED_AT), "--resume"],
+                      audit_name="asp_audit_resume.jsonl", log_name="asp1-resume-2", **common)
+    assert f"asp: resumed at iteration {SAVED_AT}, policy version {SAVED_AT}" in second["log"]
+    its, audit = second["iterations"], second["audit"]
+    assert [r["iteration"] for r in its] == [3, 4]
+    assert [r["asp/policy_version"] for r in its] == [3.0, 4.0]
+    assert [(r["train_version"], r["new_version"]) for r in audit] == [(2, 3), (3, 4)], "versions continue"
+    assert all(0 <= lag <= 1 for r in audit for lag in r["lags"])
+    after = {g: (r["min_versions"][k], r["prompt_ids"][k]) for r in audit for k, g in enumerate(r["group_ids"])}
+    for group in state["ready"]:  # trained as saved: same versions, not generated again
+        gid = group["request"]["group_id"]
+        assert after[gid][0] == min(s["min_version"] for s in group["result"]["samples"])
+    # the saved groups are the ones trained after the restart (the admission bound keeps newer windows back)
+    assert set(after) == kept, "a saved group was lost, or a group was fed again"
+    trained = [g for r in saved for g in r["group_ids"]] + [g for r in audit for g in r["group_ids"]]
+    assert len(trained) == len(set(trained)) == RESUME_ITERS * GBS, "a group trained twice or lost"
+    # the plan cursor continued: group g holds the g-th prompt in plan order (windows are fed in plan order and
+    # group ids count on across the restart), so no window was fed twice or skipped
+    plan = DispatchPlan.load(str(first["dir"] / "plan.parquet"))
+    order = [str(p) for it in range(plan.num_iterations) for j in range(2) for p in plan.instance_queue(it, j)]
+    for r in saved + audit:
+        assert [order[int(g)] for g in r["group_ids"]] == [str(p) for p in r["prompt_ids"]]
