@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from _results import command_line, write_results
+from _results import write_results
 
 #: run kinds -> overrides of the tiny config
 RUN_KINDS: Dict[str, List[str]] = {
@@ -105,15 +105,19 @@ def band(curves: Sequence[Sequence[float]]) -> Dict[str, List[float]]:
 
 
 def time_band(runs: Sequence[Dict[str, Any]], grid: np.ndarray) -> Dict[str, List[float]]:
-    """Smoothed reward against wall time: each seed's trailing mean held constant between its updates."""
+    """Smoothed reward against wall time: each seed's trailing mean held between its updates, up to its end."""
     from mindspeed_asp.learning import mean_interval, smoothed
 
     rows = []
     for r in runs:
         s = smoothed(r["rewards"])
         idx = np.searchsorted(np.asarray(r["t"]), grid, side="right") - 1
-        rows.append([float(s[i]) if i >= 0 else math.nan for i in idx])
-    cols = [mean_interval([row[i] for row in rows if not math.isnan(row[i])]) for i in range(len(grid))]
+        end = r["t"][-1]
+        rows.append([float(s[i]) if i >= 0 and g <= end else math.nan for i, g in zip(idx, grid)])
+    # a point of the band needs most seeds still running (a curve held flat after its run ended would lie)
+    need = max(1, (len(rows) + 1) // 2)
+    cols = [mean_interval([row[i] for row in rows if not math.isnan(row[i])])
+            if sum(not math.isnan(row[i]) for row in rows) >= need else (math.nan,) * 3 for i in range(len(grid))]
     return {"t": grid.tolist(), "mean": [c[0] for c in cols], "lo": [c[1] for c in cols], "hi": [c[2] for c in cols]}
 
 
@@ -262,6 +266,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="also run stock and asp_lag0 with the decoupled objective (the same loss at lag 0)")
     ap.add_argument("--rerun", action="store_true", help="re-run configs whose run directory exists")
     ap.add_argument("--analyze-only", action="store_true")
+    ap.add_argument("--note", default=None, help="a remark printed with the results (how the runs were made)")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
     args = ap.parse_args(argv)
 
@@ -322,11 +327,17 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             ray_utils.stop_local_ray()
     a = analyze({k: v for k, v in results.items() if v}, args.target)
-    a["command"] = command_line(__file__, argv if argv is not None else sys.argv[1:])
     a["report"] = print_report(a)
+    if args.note:
+        a["note"] = args.note
     plot(a, Path(args.plot) if args.plot else out / "convergence.png")
     if args.json:
-        write_results(args.json, a, __file__, argv, indent=1)
+        # the command that produced the runs: an --analyze-only re-read names the same runs
+        given = list(argv if argv is not None else sys.argv[1:])
+        if "--note" in given:  # the note describes the command; it is not part of it
+            del given[given.index("--note"):given.index("--note") + 2]
+        argv_used = [x for x in given if x != "--analyze-only"]
+        write_results(args.json, a, __file__, argv_used, indent=1)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
