@@ -106,6 +106,20 @@ def test_dead_instance_groups_are_redispatched_once():
     assert d.done == set(range(9)) and d.redispatched == 2
 
 
+def test_a_death_marked_in_the_shared_liveness_list_is_still_handled_once():
+    """The rollout pool shares the dispatcher's `alive` list and marks an instance dead before calling the
+    dispatcher's death hook: the hook must still hand the instance's groups on, once."""
+    d = Dispatcher("plan", instances=2, capacity=2)
+    shared = d.alive
+    d.load_window(tickets(4), plan_queues=[[0, 1], [2, 3]])
+    d.fill()
+    shared[1] = False  # what RolloutPool.mark_dead does first
+    assert set(d.on_instance_dead(1)) == {2, 3} and d.on_instance_dead(1) == []
+    assert not d.on_finished(1, 2)
+    d.load_state_dict(d.state_dict())  # a resume restores liveness in place: the pool's list is the same object
+    assert d.alive is shared and shared == [True, True]
+
+
 @pytest.mark.parametrize("policy", ["stock", "least_loaded", "plan"])
 def test_every_group_done_exactly_once_with_death(policy):
     d = Dispatcher(policy, instances=2, capacity=None if policy == "stock" else 2)

@@ -69,7 +69,8 @@ class Dispatcher:
     queues: List[Deque[Ticket]] = field(init=False)
     fifo: Deque[Ticket] = field(init=False)
     in_flight: List[Dict[int, Ticket]] = field(init=False)
-    alive: List[bool] = field(init=False)
+    alive: List[bool] = field(init=False)  # the rollout pool shares this list (one liveness record)
+    lost_instances: set = field(init=False)  # deaths already handled (the pool marks `alive` before calling us)
     done: set = field(init=False)
     steals: List[StealEvent] = field(init=False)
     redispatched: int = field(init=False, default=0)
@@ -84,6 +85,7 @@ class Dispatcher:
         self.fifo = deque()
         self.in_flight = [dict() for _ in range(self.instances)]
         self.alive = [True] * self.instances
+        self.lost_instances = set()
         self.done = set()
         self.steals = []
 
@@ -178,8 +180,9 @@ class Dispatcher:
 
         In-flight groups go to the front (they were started first); returns the re-dispatched gids.
         """
-        if not self.alive[instance]:
+        if instance in self.lost_instances:
             return []
+        self.lost_instances.add(instance)
         self.alive[instance] = False
         if not any(self.alive):
             raise RuntimeError("every rollout instance is dead")
@@ -234,7 +237,8 @@ class Dispatcher:
         self.queues = [deque(Ticket(**t) for t in q) for q in state["queues"]]
         self.fifo = deque(Ticket(**t) for t in state["fifo"])
         self.in_flight = [{int(t["gid"]): Ticket(**t) for t in q} for q in state["in_flight"]]
-        self.alive = [True] * self.instances
+        self.alive[:] = [True] * self.instances  # in place: the rollout pool shares the list
+        self.lost_instances = set()
         self.done = {int(g) for g in state["done"]}
         self.steals = [StealEvent(**s) for s in state["steals"]]
         self.redispatched = int(state["redispatched"])

@@ -189,7 +189,7 @@ class Driver:
         self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
                                 threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
                                 multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
-                                event=self.recorder.event, progress=self.startup)
+                                event=self.recorder.event, progress=self.startup, alive=self.dispatcher.alive)
         self.pool.start()
         from mindspeed_asp.runtime.trainer import GRPOTrainer
 

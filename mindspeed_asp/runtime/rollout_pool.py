@@ -46,15 +46,19 @@ class RolloutPool:
     an existing cluster: the sync group then meets at this node's IP instead of the loopback address.
     `actor_cls` is the actor class (default `RolloutInstance`; a test may pass a lighter one with its API).
     `progress` tells the user which instance is starting and when each is ready (a vLLM start takes a minute).
+    `alive` is the run's one liveness list when the caller shares it (the driver passes its dispatcher's, so
+    the instance the pool marks dead is at once the instance the dispatcher stops feeding); else the pool's own.
     """
 
     def __init__(self, engine: EngineConfig, count: int, platform: Platform, *, threads: int = 1,
                  start_timeout_s: float = 180.0, multi_node: bool = False,
                  on_death: Optional[Callable[[int, BaseException], None]] = None,
                  event: Optional[Callable[..., None]] = None, actor_cls: Any = None,
-                 progress: Optional[StartupProgress] = None) -> None:
+                 progress: Optional[StartupProgress] = None, alive: Optional[List[bool]] = None) -> None:
         if count < 1:
             raise ValueError("a rollout pool needs at least one instance")
+        if alive is not None and len(alive) != count:
+            raise ValueError(f"the shared liveness list has {len(alive)} entries for {count} instances")
         self.engine = engine
         self.count = int(count)
         self.platform = platform
@@ -66,7 +70,7 @@ class RolloutPool:
         self.actor_cls = actor_cls
         self.progress = progress if progress is not None else StartupProgress(count, enabled=False)
         self.handles: List[Any] = []
-        self.alive: List[bool] = []
+        self.alive: List[bool] = alive if alive is not None else [True] * count
         self.pids: List[int] = []
         self.nodes: List[Optional[str]] = []
         self.placement: Any = None
@@ -110,7 +114,7 @@ class RolloutPool:
                 ray.kill(actor, no_restart=True)
                 continue
             self.handles.append(actor)
-            self.alive.append(True)
+            self.alive[j] = True
             self.pids.append(int(info.get("pid", 0)))
             self.nodes.append(info.get("node_id"))
             self.event("instance_started", instance=j, attempt=attempt, node=info.get("node_id"),
