@@ -149,7 +149,7 @@ def main(argv: List[str] | None = None) -> int:
     order = [f"stock_s{s0}", f"async_lag1_s{s0}", f"asp_lag1_s{s0}", f"asp_lag2_s{s0}"]
     table, _ = compare_runs([out / name for name in order])
     result: Dict[str, Any] = {"table": table, "seconds": time.time() - t0}
-    stock, asp1 = runs[f"stock_s{s0}"], runs[f"asp_lag1_s{s0}"]
+    stock = runs[f"stock_s{s0}"]
     result["ratios"] = {
         name: {"e2e_tps_vs_stock": runs[name]["throughput/e2e_tps"] / stock["throughput/e2e_tps"],
                "iteration_time_vs_stock": runs[name]["time/iteration"] / stock["time/iteration"]}

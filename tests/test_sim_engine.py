@@ -112,7 +112,7 @@ def test_release_times_hold_groups_back():
 
 
 def test_gate_and_notify_resume_mid_interval():
-    G, n = 4, 1
+    G = 4
     lengths = np.array([[100], [100], [3], [3]])
     allowed = {0, 1}
 
