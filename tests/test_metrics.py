@@ -74,3 +74,48 @@ def test_simulator_reports_the_core_statistics():
         assert res.metrics[k] == v, k
     assert res.metrics["bubble/skewness"] == m.skewness(res.trace.busy)
     assert res.metrics["bubble/padding"] == m.generation_padding(L.sum(), 8, res.trace.steps)
+
+
+# ------------------------------------------------------------------ e2e_tps over every device, rho vs stock
+def test_device_count_split_and_colocated():
+    split = m.split_devices(8, devices_per_instance=2, trainer_devices=4)
+    assert (split.rollout, split.trainer, split.total, split.layout) == (16, 4, 20, "split")
+    assert split.describe() == "20 (16 rollout + 4 trainer, split)"
+    co = m.colocated_devices(16)
+    assert co.total == 16 and co.layout == "colocated"  # every device generates and trains: counted once
+    assert m.DeviceCount.from_dict(split.to_dict()) == split and m.DeviceCount.from_dict(co.to_dict()) == co
+    assert split.to_dict()["definition"] == m.E2E_TPS_DEFINITION
+    with pytest.raises(ValueError):
+        m.split_devices(0, trainer_devices=0)  # no device at all
+    with pytest.raises(ValueError):
+        m.split_devices(2, devices_per_instance=0)
+
+
+def test_e2e_tps_divides_by_every_device():
+    # 8 + 8 split: 16 devices; 32000 tokens in 10 s -> 200 tokens/s/device (not 400 over the rollout half)
+    assert m.e2e_tps(32_000, 10.0, m.split_devices(8, 1, 8)) == pytest.approx(200.0)
+    assert m.e2e_tps(32_000, 10.0, m.colocated_devices(16)) == pytest.approx(200.0)
+    assert m.e2e_tps(32_000, 10.0, 4) == pytest.approx(800.0)
+    assert m.e2e_tps(5, 0.0, 3) == 0.0
+    with pytest.raises(ValueError):
+        m.e2e_tps(1, 1.0, 0)
+
+
+def test_devices_of_reads_only_this_definition():
+    assert m.devices_of({"devices": m.split_devices(2, 1, 1).to_dict()}).total == 3
+    assert m.devices_of({}) is None  # a summary written before the definition was shared
+    assert m.devices_of({"devices": 4}) is None
+    assert m.devices_of({"devices": {**m.split_devices(2).to_dict(), "definition": "instances"}}) is None
+
+
+def test_rho_conversion_round_trip():
+    # trainer work 30 s; R_LB 20 s; stock's measured rollout 60 s
+    assert m.rho_stock(30.0, 60.0) == pytest.approx(0.5)
+    assert m.rho_stock_from_rlb(1.5, 20.0, 60.0) == pytest.approx(0.5)  # same trainer time: 1.5 x 20 = 30
+    assert m.rho_rlb_from_stock(0.5, 20.0, 60.0) == pytest.approx(1.5)
+    for rho in (0.0, 0.3, 1.0, 2.7):
+        assert m.rho_rlb_from_stock(m.rho_stock_from_rlb(rho, 13.0, 41.0), 13.0, 41.0) == pytest.approx(rho)
+    with pytest.raises(ValueError):
+        m.rho_stock(1.0, 0.0)
+    with pytest.raises(ValueError):
+        m.rho_stock_from_rlb(1.0, 0.0, 5.0)
