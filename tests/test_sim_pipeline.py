@@ -202,3 +202,43 @@ def test_kv_budget_preemption_gate_and_sync_pause_together(policy):
         assert res.trace.preemptions.sum() > 0  # the budget really binds
         assert res.metrics["time/iteration"] >= res.bounds["e2e/stream_LB"]
         assert res.metrics["rollout/steps"] >= res.bounds["steps/LB"]
+
+
+def test_e2e_tps_divides_by_every_device_the_run_uses():
+    """e2e_tps recomputed by hand from the run's tokens, its time and its devices (docs/design.md section 5):
+    stream = instances x devices per instance + trainer devices; stock = the instances' devices once."""
+    prob, L = make_case(seed=21)
+    a = random_assignment(96, 3, np.random.default_rng(21))
+    tr = trainer(prob, L)
+    tokens = float((L + prob.prompts.prompt_lens[:, None]).sum())  # prompt + response of every trained sample
+    cases = [("stream", {}, 3 * 1 + 1), ("stream", {"devices_per_instance": 2, "trainer_devices": 4}, 3 * 2 + 4),
+             ("stream", {"devices_per_instance": 2}, 3 * 2 + 2), ("stock", {"devices_per_instance": 2}, 6),
+             ("stock", {"trainer_devices": 1}, 4)]
+    for mode, kw, devices in cases:
+        res = simulate_pipeline(prob, a, L, mode=mode, max_lag=1, trainer=tr, **kw)
+        t = res.metrics["time/iteration"]
+        assert res.metrics["throughput/e2e_tps"] == pytest.approx(tokens / (devices * t)), (mode, kw)
+        assert res.devices.total == devices and res.summary()["devices"]["total"] == devices
+        assert res.summary()["devices"]["layout"] == ("colocated" if mode == "stock" and not kw.get(
+            "trainer_devices") else "split")
+        assert "throughput/perf_throughput" not in res.metrics  # folded into e2e_tps (same meaning)
+
+
+def test_rho_stock_is_the_stock_runs_measured_train_over_rollout():
+    """Given rho against stock's rollout, the converted simulator rho makes the simulated stock run's own
+    train time / rollout time equal it; the simulator's rho (over R_LB) is the larger, since stock's rollout is
+    never under R_LB (the issue's direction: stock-relative 0.1 is a larger simulator rho)."""
+    from mindspeed_asp.experiments import sweep
+
+    cfg = sweep.SweepConfig(instances=8, slots=32, minibatch=8, rho_stock=0.1, max_lag=2,
+                            cost=CostModel(a=0.03, b=1e-4, c=6e-8))
+    wb = sweep.prepare("synthetic:prompts=64,n=4,median=1024,cap=8192", cfg, 3)
+    rho, rho_s = sweep.resolve_rho(wb, cfg)
+    assert rho_s == 0.1 and rho > rho_s and wb.stock_rollout >= wb.r_lb
+    res, _ = sweep.run_planner(wb, "stock", "stock", cfg)
+    assert res.metrics["time/train"] / res.metrics["time/rollout"] == pytest.approx(0.1, rel=1e-9)
+    assert res.params["rho"] == pytest.approx(rho) and res.params["rho_stock"] == pytest.approx(0.1)
+    # and from the old side: --rho 1.0 reports the stock-relative value R_LB / stock rollout
+    cfg1 = sweep.SweepConfig(instances=8, slots=32, minibatch=8, rho=1.0, cost=cfg.cost)
+    asp, _ = sweep.run_planner(wb, "asp", "stream", cfg1)
+    assert asp.params["rho_stock"] == pytest.approx(wb.r_lb / wb.stock_rollout)

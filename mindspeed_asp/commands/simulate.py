@@ -82,7 +82,11 @@ def register(subparsers) -> None:
                    help="KV tokens per instance (default unbounded)")
     p.add_argument("--kv-policy", choices=("preempt", "reserve"), default="preempt")
     p.add_argument("--minibatch", type=positive_int, default=32, help="M, groups per trainer update")
-    p.add_argument("--rho", type=nonneg_float, default=1.0, help="trainer work / rollout lower bound")
+    p.add_argument("--rho", type=nonneg_float, default=None,
+                   help="trainer work / rollout lower bound R_LB (default 1.0); the output also gives it against "
+                        "stock's rollout (rho_stock, docs/design.md section 5)")
+    p.add_argument("--rho-stock", type=nonneg_float, default=None,
+                   help="instead of --rho: trainer work / stock's simulated rollout of the window")
     p.add_argument("--overhead", type=nonneg_float, default=0.0, help="fixed seconds per trainer update")
     p.add_argument("--max-lag", type=nonneg_int, default=1)
     p.add_argument("--stale-policy", choices=STALE_POLICIES, default=DEFAULT_STALE_POLICY,
@@ -127,8 +131,12 @@ def handle(args: argparse.Namespace) -> int:
         raise InputError("mode single needs --single-scaling (the speed-up curve of one big instance)",
                          key="--single-scaling")
     cost = load_cost_json(args.cost_file, key="--cost-file") if args.cost_file else CostModel()
+    if args.rho is not None and args.rho_stock is not None:
+        raise InputError("give the trainer's rho once: --rho (vs R_LB) or --rho-stock (vs stock's rollout)",
+                         key="--rho-stock")
     cfg = sweep.SweepConfig(instances=args.instances, slots=args.slots, kv_budget=args.kv_budget,
-                            minibatch=args.minibatch, rho=args.rho, max_lag=args.max_lag, mode=args.mode,
+                            minibatch=args.minibatch, rho=1.0 if args.rho is None else args.rho,
+                            rho_stock=args.rho_stock, max_lag=args.max_lag, mode=args.mode,
                             sync_time=args.sync_time, overhead=args.overhead, estimator=args.estimator,
                             stale_policy=args.stale_policy, cost=cost, single_scaling=scaling)
     try:
@@ -138,9 +146,11 @@ def handle(args: argparse.Namespace) -> int:
     rows = {label: sweep.mean_metrics(rs) for label, rs in results.items()}
     modes = {label: mode for label, _, mode in planners}
     print(f"workload {args.workload}: {args.instances} instances x {args.slots} slots, M={args.minibatch}, "
-          f"rho={args.rho}, max_lag={args.max_lag}, seeds={seeds}, cost a={cost.a:.3g} b={cost.b:.3g} "
+          f"max_lag={args.max_lag}, seeds={seeds}, cost a={cost.a:.3g} b={cost.b:.3g} "
           f"c={cost.c:.3g} p={cost.p:.3g}")
+    print(sweep.rho_line(rows))
     print(sweep.format_table(rows, modes))
+    print(sweep.e2e_line(results))
     payload = {
         "workload": args.workload, "seeds": seeds,
         "config": {k: v for k, v in vars(args).items() if k not in ("func",)},

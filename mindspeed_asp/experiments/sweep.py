@@ -8,7 +8,10 @@ every planner, and the CLI table and the benchmark tables must mean the same thi
 
 Conventions:
 - the trainer's alpha is set so that total train time = rho * R_LB of the workload's true lengths under the
-  simulated cluster (R_LB does not depend on any planner, so every planner faces the same trainer);
+  simulated cluster (R_LB does not depend on any planner, so every planner faces the same trainer); each run
+  also reports `rho_stock`, the same trainer time over stock's simulated rollout of the window (the `stock`
+  planner in the barrier mode on the same instances; docs/design.md section 5), and `rho_stock` may be given
+  instead of rho (`SweepConfig.rho_stock`), converted with `mindspeed_asp.metrics.rho_rlb_from_stock`;
 - non-oracle planners see the history estimate (or the `estimator` chosen); `oracle_*` planners see the
   OracleEstimator (true lengths);
 - a planner may carry its own mode as `name@mode` (e.g. `stock@stock`); otherwise the sweep's mode is used.
@@ -23,12 +26,13 @@ import numpy as np
 
 from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.metrics import rho_rlb_from_stock, rho_stock_from_rlb
 from mindspeed_asp.policy import DEFAULT_STALE_POLICY
 from mindspeed_asp.scheduler.estimators import OracleEstimator, make_estimator
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner, needs_oracle
 from mindspeed_asp.sim.metrics import lower_bounds
 from mindspeed_asp.sim.pipeline import MODES, SimResult, simulate_pipeline
-from mindspeed_asp.sim.train_time import trainer_for_rho
+from mindspeed_asp.sim.train_time import TrainerModel, trainer_for_rho
 from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.workloads.spec import workload_from_spec
 
@@ -41,7 +45,8 @@ class SweepConfig:
     slots: int = 64
     kv_budget: Optional[int] = None
     minibatch: int = 32
-    rho: float = 1.0
+    rho: float = 1.0  # trainer time / R_LB; ignored when rho_stock is set
+    rho_stock: Optional[float] = None  # trainer time / stock's rollout (docs/design.md section 5), if given
     max_lag: int = 1
     mode: str = "stream"
     sync_time: float = 0.0
@@ -113,6 +118,8 @@ class Workbench:
     oracle: object
     r_lb: float
     seed: int
+    stock_rollout: Optional[float] = None  # stock's simulated rollout time of the window (`stock_rollout`)
+    stock_key: Optional[tuple] = None  # the cluster settings stock_rollout was simulated with
 
 
 def prepare(spec: str, cfg: SweepConfig, seed: int) -> Workbench:
@@ -126,16 +133,46 @@ def prepare(spec: str, cfg: SweepConfig, seed: int) -> Workbench:
     return Workbench(workload=wl, estimate=est, oracle=orc, r_lb=r_lb, seed=seed)
 
 
+def _problem(wb: Workbench, planner: str, cfg: SweepConfig, rho: float, steal: bool) -> PlanningProblem:
+    wl = wb.workload
+    # the planner is told the regime it will run in (max_lag, stealing), as `asp plan --config` tells it
+    return PlanningProblem(prompts=wl.prompts, estimate=wb.oracle if needs_oracle(planner) else wb.estimate,
+                           instances=cfg.instances, spec=InstanceSpec(slots=cfg.slots, kv_budget=cfg.kv_budget),
+                           minibatch=cfg.minibatch, cost=cfg.cost, max_new_tokens=int(wl.max_new_tokens),
+                           rho=rho, seed=wb.seed, max_lag=cfg.max_lag, work_stealing=steal)
+
+
+def stock_rollout(wb: Workbench, cfg: SweepConfig) -> float:
+    """Stock's rollout time of the window: the `stock` planner (dataset order) in the barrier mode on the
+    sweep's instances, no stealing, as MindSpeed-RL generates. The trainer does not change a barrier's rollout,
+    so none is modelled. Cached on the workbench per cluster setting."""
+    key = (cfg.instances, cfg.slots, cfg.kv_budget, cfg.minibatch, cfg.cost)
+    if wb.stock_rollout is None or wb.stock_key != key:
+        problem = _problem(wb, "stock", cfg, 1.0, False)
+        assignment = get_planner("stock")(problem, np.random.default_rng(wb.seed))
+        res = simulate_pipeline(problem, assignment, wb.workload.truth, mode="stock", max_lag=0,
+                                trainer=TrainerModel(alpha=0.0, overhead=0.0, minibatch=cfg.minibatch),
+                                work_stealing=False, with_bounds=False)
+        wb.stock_rollout, wb.stock_key = float(res.metrics["time/rollout"]), key
+    return wb.stock_rollout
+
+
+def resolve_rho(wb: Workbench, cfg: SweepConfig) -> Tuple[float, float]:
+    """(rho over R_LB, rho over stock's rollout) of this workbench: whichever the config gives, the other
+    converted (`mindspeed_asp.metrics`)."""
+    stock = stock_rollout(wb, cfg)
+    if cfg.rho_stock is not None:
+        return rho_rlb_from_stock(cfg.rho_stock, wb.r_lb, stock), float(cfg.rho_stock)
+    return float(cfg.rho), rho_stock_from_rlb(cfg.rho, wb.r_lb, stock)
+
+
 def run_planner(wb: Workbench, planner: str, mode: str, cfg: SweepConfig, **sim_kw) -> Tuple[SimResult, float]:
     """Plan with `planner` and simulate in `mode`; returns the result and the planning wall time (s)."""
     wl = wb.workload
     steal = (mode == "stream") if cfg.work_stealing is None else bool(cfg.work_stealing)
-    # the planner is told the regime it will run in (max_lag, stealing), as `asp plan --config` tells it
-    problem = PlanningProblem(prompts=wl.prompts, estimate=wb.oracle if needs_oracle(planner) else wb.estimate,
-                              instances=cfg.instances, spec=InstanceSpec(slots=cfg.slots, kv_budget=cfg.kv_budget),
-                              minibatch=cfg.minibatch, cost=cfg.cost, max_new_tokens=int(wl.max_new_tokens),
-                              rho=cfg.rho, seed=wb.seed, max_lag=cfg.max_lag, work_stealing=steal)
-    trainer = trainer_for_rho(cfg.rho, wl.truth, wl.prompts.prompt_lens, wb.r_lb, cfg.minibatch, cfg.overhead)
+    rho, rho_s = resolve_rho(wb, cfg)
+    problem = _problem(wb, planner, cfg, rho, steal)
+    trainer = trainer_for_rho(rho, wl.truth, wl.prompts.prompt_lens, wb.r_lb, cfg.minibatch, cfg.overhead)
     t0 = time.perf_counter()
     assignment = get_planner(planner)(problem, np.random.default_rng(wb.seed))
     plan_s = time.perf_counter() - t0
@@ -143,7 +180,10 @@ def run_planner(wb: Workbench, planner: str, mode: str, cfg: SweepConfig, **sim_
                             sync_time=cfg.sync_time, single_scaling=cfg.single_scaling,
                             stale_policy=cfg.stale_policy, work_stealing=steal, **sim_kw)
     res.params["plan_seconds"] = plan_s
-    res.params["rho"] = cfg.rho
+    res.params["rho"] = rho  # trainer time / R_LB
+    res.params["rho_stock"] = rho_s  # the same trainer time / stock's rollout
+    res.params["stock_rollout"] = wb.stock_rollout
+    res.params["rollout_R_LB"] = wb.r_lb
     return res, plan_s
 
 
@@ -183,7 +223,8 @@ def mean_metrics(results: Sequence[SimResult]) -> Dict[str, float]:
             else:
                 vals.append(r.metrics.get(k, np.nan))
         out[k] = float(np.nanmean(vals)) if np.any(np.isfinite(vals)) else float("nan")
-    out["plan_seconds"] = float(np.mean([r.params.get("plan_seconds", np.nan) for r in results]))
+    for k in ("plan_seconds", "rho", "rho_stock"):
+        out[k] = float(np.mean([r.params.get(k, np.nan) for r in results]))
     return out
 
 
@@ -218,6 +259,22 @@ def format_table(rows: Dict[str, Dict[str, float]], modes: Dict[str, str]) -> st
     widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
     fmt_row = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([fmt_row(header), fmt_row(["-" * w for w in widths])] + [fmt_row(r) for r in body])
+
+
+def rho_line(rows: Dict[str, Dict[str, float]]) -> str:
+    """Both rho definitions of the trainer the runs faced (mean over seeds; the same for every planner)."""
+    met = next(iter(rows.values()))
+    return (f"trainer: rho={met['rho']:.3g} (train time / R_LB), rho_stock={met['rho_stock']:.3g} "
+            "(train time / stock's rollout of the window; docs/design.md section 5)")
+
+
+def e2e_line(results: Dict[str, List[SimResult]]) -> str:
+    """Which devices each row's e2e_tps divided by (docs/design.md section 5: every device the run uses)."""
+    seen = {label: rs[0].devices.describe() for label, rs in results.items() if rs and rs[0].devices}
+    parts = sorted(set(seen.values()))
+    if len(parts) == 1:
+        return f"e2e_tps: tokens / (s x {parts[0]} devices) for every row"
+    return "e2e_tps: tokens / (s x devices); devices: " + ", ".join(f"{k} {v}" for k, v in seen.items())
 
 
 def with_mode(cfg: SweepConfig, **kw) -> SweepConfig:

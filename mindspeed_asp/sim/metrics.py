@@ -21,7 +21,7 @@ METRIC_NAMES = (
     "bubble/skewness", "bubble/skew_gap", "bubble/tail_share",
     "bubble/sorting", "bubble/startup", "bubble/queue_cv", "bubble/arrival_gap_cv", "bubble/queue_starved",
     "lag/mean", "lag/p99", "lag/max", "lag/frac_over_bound", "lag/stale_dropped",
-    "throughput/e2e_tps", "throughput/perf_throughput", "throughput/rollout_tps",
+    "throughput/e2e_tps", "throughput/rollout_tps",
     "time/iteration", "time/rollout", "time/train", "time/weight_sync",
 )
 

@@ -39,13 +39,14 @@ from mindspeed_asp.policy import (DEFAULT_STALE_POLICY, STALE_POLICIES, LagPolic
                                   train_key)
 from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
 from mindspeed_asp.fluid import group_moments
-from mindspeed_asp.metrics import generation_padding, lag_stats, skewness, tail_share
+from mindspeed_asp.metrics import (DeviceCount, colocated_devices, e2e_tps, generation_padding, lag_stats,
+                                   skewness, split_devices, tail_share)
 from mindspeed_asp.sim import metrics as mx
 from mindspeed_asp.sim.engine import DISPATCH, INF, Cluster, InstanceTrace
 from mindspeed_asp.sim.train_time import TrainerModel
 
 MODES = ("stream", "stock", "single")
-__all__ = ["MODES", "STALE_POLICIES", "SimResult", "simulate_pipeline"]
+__all__ = ["MODES", "STALE_POLICIES", "SimResult", "run_devices", "simulate_pipeline"]
 
 
 @dataclass
@@ -57,7 +58,8 @@ class SimResult:
     Per-minibatch arrays: `mb_ready` (all its groups finished), `mb_start`, `mb_finish` (update done),
     `mb_sync_end`, `mb_groups`, `mb_tokens`. `queue_t`/`queue_q` is the ready-queue occupancy step function.
     `lags` holds the lag of every trained sample. `trace` is the instance trace (Gantt data).
-    `mb_group_ids` lists the trained groups in training order (split by `mb_groups`).
+    `mb_group_ids` lists the trained groups in training order (split by `mb_groups`). `devices` is what
+    `throughput/e2e_tps` divided by (`mindspeed_asp.metrics.DeviceCount`).
     """
 
     mode: str
@@ -77,12 +79,16 @@ class SimResult:
     trace: InstanceTrace
     params: Dict[str, float] = field(default_factory=dict)
     mb_group_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    devices: Optional[DeviceCount] = None
 
     def summary(self) -> Dict[str, object]:
         """JSON-ready dict (no per-sample arrays)."""
-        return {"mode": self.mode, "planner": self.planner, "metrics": dict(self.metrics),
-                "bounds": dict(self.bounds), "percent_above_bound": dict(self.above),
-                "params": dict(self.params)}
+        out: Dict[str, object] = {"mode": self.mode, "planner": self.planner, "metrics": dict(self.metrics),
+                                  "bounds": dict(self.bounds), "percent_above_bound": dict(self.above),
+                                  "params": dict(self.params)}
+        if self.devices is not None:
+            out["devices"] = self.devices.to_dict()
+        return out
 
 
 class _Trainer:
@@ -254,14 +260,15 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
                       mode: str = "stream", max_lag: int = 1, trainer: TrainerModel, sync_time: float = 0.0,
                       single_scaling: Optional[Callable[[int], float]] = None,
                       stale_policy: str = DEFAULT_STALE_POLICY, sync_pauses_rollout: bool = True,
-                      kv_policy: str = "preempt", devices_per_instance: int = 1, trainer_devices: int = 0,
+                      kv_policy: str = "preempt", devices_per_instance: int = 1,
+                      trainer_devices: Optional[int] = None,
                       with_bounds: bool = True, work_stealing: Optional[bool] = None,
                       dispatch: str = "plan") -> SimResult:
     """Simulate one window (iteration) of `problem` dispatched by `assignment`, with the true lengths.
 
     `trainer.minibatch` is M in groups. `sync_time` is one weight-sync round (seconds). `devices_per_instance`
-    and `trainer_devices` only scale the throughput metrics (e2e_tps divides by instance devices, like
-    MindSpeed-RL's; perf_throughput by all devices, like verl's). `with_bounds=False` skips the bounds (for
+    and `trainer_devices` only set the devices `throughput/e2e_tps` divides by (`run_devices`; docs/design.md
+    section 5). `with_bounds=False` skips the bounds (for
     planners that call this inside a search loop). `work_stealing` None means on for "stream", off otherwise.
     `dispatch="fifo"` hands groups out in dataset order from one queue (the runtime's async mode).
     """
@@ -280,8 +287,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
         run = _run_stream(cl, assignment, trainer, tok, max_lag, stale_policy, sync_time, sync_pauses_rollout)
     else:
         run = _run_barrier(cl, trainer, tok, sync_time)
-    met = _metrics(run, L, tok, spec, trainer, mode, max_lag, sync_time,
-                   problem.instances * devices_per_instance, trainer_devices)
+    devices = run_devices(mode, problem.instances, devices_per_instance, trainer_devices)
+    met = _metrics(run, L, tok, spec, trainer, mode, max_lag, sync_time, devices)
     bounds: Dict[str, float] = {}
     above: Dict[str, float] = {}
     if with_bounds:
@@ -297,8 +304,26 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
                      params={"max_lag": max_lag, "minibatch": trainer.minibatch, "alpha": trainer.alpha,
                              "overhead": trainer.overhead, "sync_time": sync_time, "instances": problem.instances,
                              "slots": problem.spec.slots, "single_scale": 1.0 / scale,
-                             "work_stealing": float(steal)},
-                     mb_group_ids=run.group_ids)
+                             "work_stealing": float(steal), "devices": devices.total},
+                     mb_group_ids=run.group_ids, devices=devices)
+
+
+def run_devices(mode: str, instances: int, devices_per_instance: int = 1,
+                trainer_devices: Optional[int] = None) -> DeviceCount:
+    """The devices a simulated run uses (the e2e_tps denominator).
+
+    "stream": the trainer trains while the instances generate, so it has devices of its own: a split of
+    `instances * devices_per_instance` rollout devices plus `trainer_devices` (None = `devices_per_instance`,
+    one instance's worth, the least that holds the model the instances serve). "stock"/"single": the barrier
+    trains after the rollout on the same devices, so `trainer_devices=None` counts them once (colocated, as
+    stock MindSpeed-RL); an explicit count makes it a barrier beside a separate trainer (the CPU runtime's
+    stock mode)."""
+    if mode == "stream":
+        return split_devices(instances, devices_per_instance,
+                             devices_per_instance if trainer_devices is None else trainer_devices)
+    if trainer_devices is None:
+        return colocated_devices(instances * devices_per_instance)
+    return split_devices(instances, devices_per_instance, trainer_devices)
 
 
 def _instances(problem: PlanningProblem, assignment: Assignment, mode: str,
@@ -375,7 +400,7 @@ def _run_barrier(cl: Cluster, trainer: TrainerModel, tok: np.ndarray, sync_time:
 
 
 def _metrics(run: _Run, L: np.ndarray, tok: np.ndarray, spec: InstanceSpec, trainer: TrainerModel, mode: str,
-             max_lag: int, sync_time: float, devices: int, trainer_devices: int) -> Dict[str, float]:
+             max_lag: int, sync_time: float, devices: DeviceCount) -> Dict[str, float]:
     """Every metric under its docs/design.md section 5 name."""
     trace, rec, total_time = run.trace, run.rec, run.total_time
     rollout_end = trace.makespan
@@ -395,9 +420,7 @@ def _metrics(run: _Run, L: np.ndarray, tok: np.ndarray, spec: InstanceSpec, trai
     met.update(lag_stats(run.lags, max_lag))
     met["lag/stale_dropped"] = float(run.stale_dropped)
     met["lag/regenerated_groups"] = float(run.regenerated)
-    met["throughput/e2e_tps"] = all_tokens / (devices * total_time) if total_time > 0 else 0.0
-    met["throughput/perf_throughput"] = all_tokens / ((devices + trainer_devices) * total_time) \
-        if total_time > 0 else 0.0
+    met["throughput/e2e_tps"] = e2e_tps(all_tokens, total_time, devices)
     met["throughput/rollout_tps"] = total_L / rollout_end if rollout_end > 0 else 0.0
     met["time/iteration"] = total_time
     met["time/rollout"] = rollout_end
