@@ -3,8 +3,11 @@
 Forms:
 
 - ``synthetic:prompts=512,n=8,seed=0`` with optional ``epochs=3`` (history epochs; the truth is the epoch
-  after them), ``median=2048``, ``cap=16384``, ``trend=0.03``, ``rho=0.9``, ``sigma_between=1.0``,
-  ``regime=small`` (CPU demo regime: median 48, cap 384; explicit keys still win).
+  after them), ``mode=reasoning|small|long_cot|chat|summarisation|tiny_decode`` (the generator's named
+  regimes, workloads/synthetic.py; ``regime=small`` is the older spelling of ``mode=small``), and overrides of
+  the mode's values: ``median=``, ``cap=``, ``trend=``, ``rho=``, ``sigma_between=``, ``prompt_len=`` (median
+  prompt tokens), and for long_cot only ``p_correct=``, ``learn=``, ``wrong_ratio=``, ``wrong_trend=``,
+  ``loop=``, ``difficulty_sd=``.
 - ``alpaca:<path>`` with optional ``?target=t0.7`` (held-out column; ``target=all`` gives [G, 4] truth and
   no history) and ``?prompt_len=0``.
 - ``splitwise:<path>`` with optional ``?n=8`` (requests per group).
@@ -25,7 +28,12 @@ from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.types import PromptSet
 
 _SYNTH_KEYS = {"prompts": int, "n": int, "seed": int, "epochs": int, "median": float, "cap": int,
-               "trend": float, "rho": float, "sigma_between": float, "regime": str}
+               "trend": float, "rho": float, "sigma_between": float, "regime": str, "mode": str,
+               "prompt_len": float, "p_correct": float, "learn": float, "wrong_ratio": float,
+               "wrong_trend": float, "loop": float, "difficulty_sd": float}
+# spec key -> SyntheticRLWorkload keyword (the keys not listed keep their name)
+_SYNTH_RENAME = {"median": "median_tokens", "cap": "max_new_tokens", "prompt_len": "prompt_len_median"}
+_LONG_COT_KEYS = ("p_correct", "learn", "wrong_ratio", "wrong_trend", "loop", "difficulty_sd")
 
 
 @dataclass
@@ -59,6 +67,24 @@ def _parse_options(text: str, spec: str, allowed: Dict[str, type]) -> Dict[str, 
     return out
 
 
+def _synthetic_mode(opts: Dict[str, object]) -> str:
+    """The generator mode named by `mode=` (or the older `regime=rl|small`), removed from `opts`."""
+    from mindspeed_asp.workloads.synthetic import MODES
+
+    mode = opts.pop("mode", None)
+    regime = opts.pop("regime", None)
+    if mode is not None and mode not in MODES:
+        raise InputError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})", key="mode")
+    if regime is not None:
+        if regime not in ("rl", "small"):
+            raise InputError("regime must be 'rl' or 'small'", key="regime")
+        as_mode = "reasoning" if regime == "rl" else "small"
+        if mode is not None and mode != as_mode:
+            raise InputError(f"regime={regime} contradicts mode={mode}; give mode= only", key="regime")
+        mode = as_mode
+    return str(mode or "reasoning")
+
+
 def _split_path(rest: str) -> Tuple[str, str]:
     if "?" in rest:
         path, opts = rest.split("?", 1)
@@ -74,26 +100,28 @@ def workload_from_spec(spec: str) -> ResolvedWorkload:
     kind, rest = spec.split(":", 1)
     kind = kind.strip().lower()
     if kind == "synthetic":
-        from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
+        from mindspeed_asp.workloads.synthetic import ParameterError, SyntheticRLWorkload
 
         opts = _parse_options(rest, spec, _SYNTH_KEYS)
-        regime = opts.pop("regime", "rl")
-        if regime not in ("rl", "small"):
-            raise InputError("regime must be 'rl' or 'small'", key="regime")
+        mode = _synthetic_mode(opts)
         epochs = int(opts.pop("epochs", 3))
         if epochs < 0:
             raise InputError("epochs must be >= 0", key="epochs")
-        kw = {}
-        for src, dst in (("median", "median_tokens"), ("cap", "max_new_tokens"), ("trend", "trend"),
-                         ("rho", "rho"), ("sigma_between", "sigma_between")):
-            if src in opts:
-                kw[dst] = opts[src]
-        factory = SyntheticRLWorkload.small if regime == "small" else SyntheticRLWorkload
-        prompts, n = int(opts.get("prompts", 512)), int(opts.get("n", 8))
+        prompts, n = int(opts.pop("prompts", 512)), int(opts.pop("n", 8))
+        seed = int(opts.pop("seed", 0))
+        if mode != "long_cot":
+            for k in _LONG_COT_KEYS:
+                if k in opts:
+                    raise InputError(f"applies to mode=long_cot only (mode is {mode})", key=k)
+        kw = {_SYNTH_RENAME.get(k, k): v for k, v in opts.items()}
         check_fits(synthesis_bytes(prompts, n, epochs + 1) + planning_bytes(prompts, n, 0, 0),
                    f"the workload {spec!r} ({prompts} prompts x n={n}, {epochs + 1} epochs)", key="prompts/n")
         try:
-            wl = factory(prompts, n=n, epochs=epochs + 1, seed=int(opts.get("seed", 0)), **kw)
+            wl = SyntheticRLWorkload(prompts, n=n, epochs=epochs + 1, seed=seed, mode=mode, **kw)
+        except ParameterError as exc:
+            back = {v: k for k, v in _SYNTH_RENAME.items()}
+            back["num_prompts"] = "prompts"
+            raise InputError(str(exc), key=back.get(exc.key, exc.key)) from None
         except ValueError as exc:
             raise InputError(str(exc), key=spec) from None
         return ResolvedWorkload(wl.prompts, wl.history(epochs), wl.lengths(epochs), wl.max_new_tokens, spec)
