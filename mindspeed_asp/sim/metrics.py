@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from mindspeed_asp.fluid import bound_terms
 from mindspeed_asp.metrics import micro_batch_padding, padding_share
 from mindspeed_asp.types import CostModel, InstanceSpec
 
@@ -59,21 +60,35 @@ def group_work(lengths: np.ndarray, prompt_lens: np.ndarray, cost: CostModel, sl
 
 def rollout_lower_bound(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, spec: InstanceSpec,
                         cost, scale: float = 1.0) -> Dict[str, float]:
-    """R_LB = max(total work / m, longest single sequence run alone, w_(m) + w_(m+1)).
+    """R_LB = max of the terms of `mindspeed_asp.fluid.bound_terms` on the true lengths: total work / m (and,
+    with a KV budget, the work with the a-term over the budget), the longest group run alone (its samples
+    share one instance; at least the longest sequence's solo time), w_(m) + w_(m+1), and the anchor term (the
+    instance holding a long group also runs its share of the rest).
 
-    The work and pair terms need the linear CostModel (its a-term split is what makes work additive); for a
-    tabulated cost only the solo term is reported.
+    The work, pair and anchor terms need the linear CostModel (its a-term split is what makes work additive);
+    for a tabulated cost only the single-sequence solo term is reported.
     """
     solo = float(_solo_times(lengths, prompt_lens, cost, scale).max()) if np.size(lengths) else 0.0
-    out = {"rollout/solo_bound": solo, "rollout/work_bound": float("nan"), "rollout/pair_bound": float("nan")}
-    if isinstance(cost, CostModel):
+    out = {"rollout/solo_bound": solo, "rollout/work_bound": float("nan"), "rollout/pair_bound": float("nan"),
+           "rollout/anchor_bound": float("nan"), "rollout/kv_work_bound": float("nan")}
+    if isinstance(cost, CostModel) and np.size(lengths):
+        L = np.asarray(lengths, dtype=np.float64)
+        P = np.broadcast_to(np.asarray(prompt_lens, dtype=np.float64)[:, None], L.shape)
+        kv = (P * L + L * (L - 1) / 2.0).sum(axis=1)
+        fixed = scale * (cost.b * L.sum(axis=1) + cost.c * kv + cost.p * P.sum(axis=1))
         w = group_work(lengths, prompt_lens, cost, spec.slots, scale)
-        out["rollout/work_bound"] = float(w.sum()) / instances
-        if len(w) > instances:
-            ws = np.sort(w)[::-1]
-            out["rollout/pair_bound"] = float(ws[instances - 1] + ws[instances])
-    out["rollout/R_LB"] = float(np.nanmax([out["rollout/solo_bound"], out["rollout/work_bound"],
-                                           out["rollout/pair_bound"]]))
+        kv_work = scale * cost.a * kv / float(spec.kv_budget) + fixed if spec.kv_budget else None
+        terms = bound_terms(w, fixed, scale * cost.a * L.max(axis=1) + fixed, instances, kv_work=kv_work)
+        for key in ("work_bound", "pair_bound", "anchor_bound", "kv_work_bound"):
+            out["rollout/" + key] = terms[key]
+        out["rollout/solo_bound"] = max(solo, terms["solo_bound"])
+        if len(w) <= instances:
+            out["rollout/pair_bound"] = float("nan")
+        if not spec.kv_budget:
+            out["rollout/kv_work_bound"] = float("nan")
+    out["rollout/R_LB"] = float(np.nanmax([out[k] for k in ("rollout/solo_bound", "rollout/work_bound",
+                                                            "rollout/pair_bound", "rollout/anchor_bound",
+                                                            "rollout/kv_work_bound")]))
     return out
 
 
@@ -101,7 +116,7 @@ def lower_bounds(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, s
                  scale: float = 1.0, syncs: Optional[int] = None) -> Dict[str, float]:
     """Every lower bound of docs/design.md section 5 that the inputs allow.
 
-    Keys: rollout/{R_LB, work_bound, solo_bound, pair_bound}; steps/LB (sum over instances, needs `orders`);
+    Keys: rollout/{R_LB, work_bound, solo_bound, pair_bound, anchor_bound, kv_work_bound}; steps/LB (sum over instances, needs `orders`);
     train/total (sum of tau_k); e2e/stream_LB = max(R_LB + tau_min + sync, A1_LB + sum tau + K*sync) and
     e2e/barrier_LB = R_LB + sum tau + syncs*sync (needs `trainer`). `syncs` is the number of weight syncs of the
     barrier run (default 1: one sync per iteration).
