@@ -1,19 +1,23 @@
 """The ASP offline planner, "BLT" (Balance - Laxity - Token curve), docs/design.md section 11.5.
 
 Pipeline for one window: fluid group moments -> tail placement (LPT of the groups whose solo time exceeds
-theta * R_LB, one per instance while possible) -> Karmarkar-Karp of the rest seeded with the tail loads ->
-move/swap local search on the fluid instance time -> per-instance order by the laxity rule and the
-token-weighted completion curve -> length-stratified minibatch tags -> choice of (theta, eps) by the mean
-end-to-end time over K sampled length scenarios. The scenarios are simulated in the regime the plan will run
-in (the problem's max_lag and work stealing), and the candidate set also holds the orders of the strongest
-simple baselines (sorted_asc and verl_kk; lpt and sorted_desc are BLT's own LPT and deal balances with the
-long_first rule), scored on the same scenarios (common random
-numbers), so the selection never picks something worse than them on its own scenarios.
+theta * R_LB, one per instance while possible) or isolation of dominant groups (a group whose solo time is a
+large share of an instance's horizon gets an instance of its own, filled only as far as its solo time leaves
+room) -> Karmarkar-Karp of the rest seeded with the tail loads -> move/swap local search on the fluid instance
+time -> per-instance order by the laxity rule and the token-weighted completion curve -> length-stratified
+minibatch tags -> choice among the candidates by the mean end-to-end time over sampled length scenarios.
+The candidates hold every simple baseline's own plan (sorted_desc, lpt, verl_kk, round_robin = fifo,
+sorted_asc, least_loaded), so the selection never picks something worse than them on its own scenarios.
+Candidates are event-simulated in the regime the plan will run in (the problem's max_lag, work stealing,
+rho, KV budget) on the whole window when the simulated-sequence budget allows, else on a stratified
+subsample with slots and KV budget in proportion, whose best few are then re-scored on the whole window
+when that is affordable.
 docs/scheduler.md gives the reasoning and complexity.
 """
 from __future__ import annotations
 
 import bisect
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -28,7 +32,10 @@ from mindspeed_asp.types import Assignment, InstanceSpec, LengthEstimate, Planni
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
 DEAL_BALANCE = -2.0  # theta value meaning "longest first, dealt round-robin" (equal counts, even tails)
 BASELINE_THETA = -3.0  # theta value recorded when a baseline order (its own placement) won the selection
-THETA_GRID = (0.5, 0.7, LPT_BALANCE, DEAL_BALANCE)
+ISOLATE_BALANCE = -4.0  # theta value meaning "dominant groups each on an instance of their own" (isolate)
+BASELINE_OWN_THETA = -5.0  # theta value recorded when a baseline's own plan (its order, untagged) won
+THETA_GRID = (0.5, 0.7, LPT_BALANCE, DEAL_BALANCE, ISOLATE_BALANCE)
+ISOLATE_SHARE = 0.5  # a group is dominant when its solo time exceeds this share of the mean instance work
 EPS_GRID = (0.0, 0.3)
 RULES = ("curve", "long_first")  # "random" stays a valid rule; verl_kk (random order) is a candidate instead
 DEFAULT_THETA = 0.5
@@ -37,11 +44,17 @@ DEFAULT_EPS = 0.2
 SIM_SCENARIOS = 2  # event simulator: each scenario is one full simulation per candidate
 SIM_SEQ_BUDGET = 3200  # small windows get more scenarios: up to this many simulated sequences per candidate
 SIM_MAX_SCENARIOS = 6
-SELECT_GROUPS = 200  # windows above this are scored on a subsample of this many groups
+SELECT_GROUPS = 200  # windows over the full-scoring budget are scored on a subsample of this many groups
 SELECT_MIN_INSTANCES = 4  # ... on at least this many instances (or all of them when fewer)
-# Baseline orders scored besides BLT's own (BLT's LPT and deal balances with the long_first rule already are
-# lpt and sorted_desc, plus local search; adding them again would break the 0.2 s budget of 1000 x 8).
-BASELINE_ORDERS = ("sorted_asc", "verl_kk")
+# Event-simulated sequences one selection may spend on the whole window (the simulator costs about 10 us per
+# simulated sequence on one core, docs/scheduler.md section 2): every candidate x scenario on the whole window
+# when it fits, else the subsample, then the FULL_TOP best of the subsample (and the baselines' own plans
+# when they fit too) on the whole window.
+SIM_SEQ_FULL = 300_000
+FULL_TOP = 3
+# Every simple baseline's own plan is a candidate (placement, order, no tags): with exact lengths and the
+# whole window scored, ASP is then never behind any of them in the regime it scores.
+BASELINE_ORDERS = ("sorted_desc", "lpt", "verl_kk", "round_robin", "sorted_asc", "least_loaded")
 
 
 def effective_eps(eps_base: float, rho: float) -> float:
@@ -81,6 +94,8 @@ def balance(gm: GroupMoments, problem: PlanningProblem, theta: float) -> Tuple[n
         owner = np.empty(G, dtype=np.int64)
         owner[np.argsort(-gm.gmax, kind="stable")] = np.arange(G) % m
         return _improve(owner, gm, problem, {"n_tail": 0.0})
+    if theta == ISOLATE_BALANCE:
+        return isolate_balance(gm, problem)
     if theta < 0:  # LPT_BALANCE: every group by LPT on its work (spreads long groups evenly by count)
         owner = partition.lpt_assign(gm.work, m)
         return _improve(owner, gm, problem, {"n_tail": 0.0})
@@ -91,6 +106,39 @@ def balance(gm: GroupMoments, problem: PlanningProblem, theta: float) -> Tuple[n
     if len(rest):
         owner[rest] = partition.karmarkar_karp(gm.work[rest], m, base_loads=base)
     return _improve(owner, gm, problem, {"n_tail": float(len(tail))})
+
+
+def dominant_groups(gm: GroupMoments, problem: PlanningProblem) -> np.ndarray:
+    """Groups whose solo time (a * longest sample + their b, c, p terms) exceeds ISOLATE_SHARE of the mean
+    instance work, longest first."""
+    c = problem.cost
+    m = problem.instances
+    fixed = c.b * gm.area + c.c * gm.kv + c.p * gm.prefill
+    solo = c.a * gm.gmax + fixed
+    dom = np.flatnonzero(solo > ISOLATE_SHARE * float(gm.work.sum()) / m)
+    return dom[np.argsort(-solo[dom], kind="stable")]
+
+
+def isolate_balance(gm: GroupMoments, problem: PlanningProblem) -> Tuple[np.ndarray, Dict[str, float]]:
+    """Dominant groups by LPT on their solo time (the first m on instances of their own), the rest by LPT on
+    work seeded with those loads.
+
+    Why: when the longest group's solo time sets the makespan (tiny decodes with one long outlier), its
+    instance pays the step overhead for that many steps whatever else it runs, so it should take only what
+    fits beside it; the tail placement (theta >= 0) loads it with the group's work, far below its solo time,
+    and then fills it to the mean. The local search then moves work onto it while that lowers the maximum.
+    """
+    m = problem.instances
+    c = problem.cost
+    dom = dominant_groups(gm, problem)
+    owner = np.full(len(gm.work), -1, dtype=np.int64)
+    solo = c.a * gm.gmax[dom] + c.b * gm.area[dom] + c.c * gm.kv[dom] + c.p * gm.prefill[dom]
+    owner[dom] = partition.lpt_assign(solo, m)
+    base = np.bincount(owner[dom], weights=solo, minlength=m)
+    rest = np.flatnonzero(owner < 0)
+    if len(rest):
+        owner[rest] = partition.lpt_assign(gm.work[rest], m, base_loads=base)
+    return _improve(owner, gm, problem, {"n_tail": float(len(dom))})
 
 
 def _improve(owner: np.ndarray, gm: GroupMoments, problem: PlanningProblem, info: Dict[str, float]
@@ -169,7 +217,9 @@ def order_instance(members: np.ndarray, gm: GroupMoments, slots: int, eps: float
 
 
 ORDER_RULES = {"curve": 0.0, "random": 1.0, "long_first": 2.0,  # params["order_rule"] codes
-               "sorted_desc": 3.0, "sorted_asc": 4.0, "verl_kk": 5.0, "lpt": 6.0}
+               "sorted_desc": 3.0, "sorted_asc": 4.0, "verl_kk": 5.0, "lpt": 6.0, "round_robin": 7.0,
+               "least_loaded": 8.0}
+SCOPES = {"none": -1.0, "subsample": 0.0, "full": 1.0, "subsample+full_top": 2.0}  # params["selection_scope"]
 
 
 def fixed_choice(params: Dict[str, float]) -> Dict[str, object]:
@@ -217,20 +267,34 @@ def build_candidate(problem: PlanningProblem, gm: GroupMoments, owner: np.ndarra
     return Assignment(orders=orders, minibatch=tags, planner=name, params=params)
 
 
-def _selection_problem(problem: PlanningProblem, rng: np.random.Generator) -> PlanningProblem:
-    """The window itself, or a random subsample of SELECT_GROUPS groups on proportionally fewer instances.
+def _selection_rows(gm: GroupMoments, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k groups stratified by predicted work: one random group from each of k equal strata of the work order,
+    the heaviest group always in (the tail the makespan hangs on is never left out of the proxy)."""
+    G = len(gm.work)
+    order = np.argsort(gm.work, kind="stable")
+    edges = np.linspace(0, G, k + 1).astype(np.int64)
+    picks = edges[:-1] + (rng.random(k) * np.diff(edges)).astype(np.int64)
+    picks[-1] = G - 1
+    return np.sort(order[picks])
+
+
+def _selection_problem(problem: PlanningProblem, rng: np.random.Generator,
+                       gm: Optional[GroupMoments] = None) -> PlanningProblem:
+    """The window itself, or a stratified subsample of SELECT_GROUPS groups on proportionally fewer instances.
 
     The subsample keeps the number of minibatches per window and the queue depth of an instance (groups per
-    instance over slots: how many waves of admissions an instance runs), so the ranking of (theta, order
-    rule, eps) carries over while the search costs the same for any window size. It keeps up to
-    SELECT_MIN_INSTANCES instances (a one-instance proxy cannot tell balances apart): when that raises the
-    instance count, the slots shrink in proportion instead, but not below 4 groups in flight per instance
-    (fewer instances are used then).
+    instance over slots: how many waves of admissions an instance runs), so the ranking of the candidates
+    carries over while the search costs the same for any window size. It keeps up to SELECT_MIN_INSTANCES
+    instances (a one-instance proxy cannot tell balances apart): when that raises the instance count, the
+    slots shrink in proportion instead, but not below 4 groups in flight per instance (fewer instances are
+    used then). The KV budget shrinks with the slots (KV tokens per slot stay), so the proxy meets the KV
+    pressure the engine will meet; it never goes below one sequence's prompt + cap (the engine's minimum).
     """
     G = len(problem.prompts)
     if G <= SELECT_GROUPS:
         return problem
-    rows = np.sort(rng.choice(G, SELECT_GROUPS, replace=False))
+    gm = gm if gm is not None else group_moments(problem)
+    rows = _selection_rows(gm, SELECT_GROUPS, rng)
     frac = SELECT_GROUPS / G
     est = problem.estimate
     sub_est = LengthEstimate(median=est.median[rows], group_max=est.group_max[rows], sigma=est.sigma[rows],
@@ -245,64 +309,167 @@ def _selection_problem(problem: PlanningProblem, rng: np.random.Generator) -> Pl
         B_sub = int(min(spec.slots, max(1, round(spec.slots * (SELECT_GROUPS / m_sub) / (G / m)))))
         if B_sub >= min_slots or m_sub == base:
             break
-    if B_sub != spec.slots:  # the KV budget stays: fewer slots only make it looser
-        spec = InstanceSpec(slots=B_sub, kv_budget=spec.kv_budget)
-    return PlanningProblem(prompts=problem.prompts.subset(rows), estimate=sub_est,
-                           instances=m_sub, spec=spec,
+    prompts = problem.prompts.subset(rows)
+    if B_sub != spec.slots:
+        kv = spec.kv_budget
+        if kv is not None:
+            floor = int(np.max(prompts.prompt_lens)) + int(problem.max_new_tokens) + 1
+            kv = max(int(round(kv * B_sub / spec.slots)), min(floor, int(kv)))
+        spec = InstanceSpec(slots=B_sub, kv_budget=kv)
+    return PlanningProblem(prompts=prompts, estimate=sub_est, instances=m_sub, spec=spec,
                            minibatch=max(1, int(round(problem.minibatch * frac))), cost=problem.cost,
                            max_new_tokens=problem.max_new_tokens, rho=problem.rho, seed=problem.seed,
                            max_lag=problem.max_lag, work_stealing=problem.work_stealing)
 
 
 def scenario_count(problem: PlanningProblem) -> int:
-    """Event-simulated scenarios per candidate: SIM_SCENARIOS, more for small windows (same cost budget)."""
+    """Event-simulated scenarios per candidate: SIM_SCENARIOS, more for small windows (same cost budget);
+    one for an estimate that carries the exact lengths (the oracle)."""
+    if problem.estimate.samples is not None:
+        return 1
     seqs = max(1, len(problem.prompts) * problem.prompts.n)
     return int(min(SIM_MAX_SCENARIOS, max(SIM_SCENARIOS, SIM_SEQ_BUDGET // seqs)))
 
 
 def baseline_candidate(problem: PlanningProblem, rule: str, rng: np.random.Generator, name: str,
-                       gm: Optional[GroupMoments] = None) -> Assignment:
-    """A baseline's placement and order as an ASP candidate, with ASP's length-stratified minibatch tags."""
+                       gm: Optional[GroupMoments] = None, tagged: bool = False) -> Assignment:
+    """A baseline's own plan as an ASP candidate: its placement and order, untagged like the baseline (so it
+    simulates exactly as the baseline does), or with ASP's length-stratified minibatch tags (`tagged`).
+
+    A random baseline (verl_kk) draws from a generator seeded with the problem's seed, as a comparison that
+    gives every planner `np.random.default_rng(seed)` does, so the candidate is that very plan.
+    """
     from mindspeed_asp.scheduler import baselines
 
-    gm = gm if gm is not None else group_moments(problem)
-    orders = getattr(baselines, f"plan_{rule}")(problem, rng).orders
-    tags = stratified_minibatches(gm.area, predicted_completion(orders, gm, problem), problem.minibatch)
+    base = getattr(baselines, f"plan_{rule}")(problem, np.random.default_rng(problem.seed))
+    orders = base.orders
+    tags = base.minibatch
+    if tagged:
+        gm = gm if gm is not None else group_moments(problem)
+        tags = stratified_minibatches(gm.area, predicted_completion(orders, gm, problem), problem.minibatch)
     return Assignment(orders=orders, minibatch=tags, planner=name,
-                      params={"theta": BASELINE_THETA, "order_rule": ORDER_RULES[rule], "eps_base": 0.0, "eps": 0.0,
+                      params={"theta": BASELINE_THETA if tagged else BASELINE_OWN_THETA,
+                              "order_rule": ORDER_RULES[rule], "eps_base": 0.0, "eps": 0.0,
                               "rho": float(problem.rho), "n_tail": 0.0, "local_moves": 0.0})
 
 
-def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Generator,
-           lengths: Optional[np.ndarray] = None) -> Tuple[List[Tuple[float, float, float]], float, int, np.ndarray]:
-    """(mean e2e, p90 e2e, mean rollout) of every candidate over sampled length scenarios.
+def _scoring_spec(problem: PlanningProblem, lengths: np.ndarray) -> PlanningProblem:
+    """The problem, with its KV budget raised to the engine's minimum (one prompt + the longest sampled
+    length) when a scenario drew a sequence that could never run under it."""
+    kv = problem.spec.kv_budget
+    if kv is None or not len(problem.prompts):
+        return problem
+    worst = int((np.asarray(problem.prompts.prompt_lens)[None, :, None] + lengths).max()) + 1
+    if worst <= kv:
+        return problem
+    return replace(problem, spec=InstanceSpec(slots=problem.spec.slots, kv_budget=worst))
 
-    Scored with the event simulator (the planner sits above it, docs/design.md section 3): streaming trainer
-    with the problem's max_lag and work stealing (the regime the plan runs in), alpha set so that training the
-    window takes rho times its predicted rollout bound; every candidate sees the same scenarios (common random
-    numbers). Small windows get more scenarios (`scenario_count`).
+
+def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Generator,
+           lengths: Optional[np.ndarray] = None) -> Tuple[List[Tuple[float, float, float, float]], float, int,
+                                                          np.ndarray]:
+    """(mean e2e, p90 e2e, mean rollout, mean KV preemptions) of every candidate over sampled scenarios.
+
+    Scored with the event simulator (the planner sits above it, docs/design.md section 3) at the problem's
+    size: its slots and KV budget (preemptions cost recompute time there, as in the engine), streaming
+    trainer with the problem's max_lag and work stealing (the regime the plan runs in), alpha set so that
+    training the window takes rho times its predicted rollout bound R_LB (as `trainer_for_rho` does with the
+    true lengths); every candidate sees the same scenarios (common random numbers). Small windows get more
+    scenarios (`scenario_count`); an oracle estimate gives its one exact scenario.
     Returns the scores, the evaluator code (2 = simulator), the number of scenarios and the scenarios (pass
     them back to score more candidates on the same draws).
     """
     gm = group_moments(problem)
-    r_hat = rollout_lower_bound(gm, problem.instances, problem.cost)
+    r_hat = rollout_lower_bound(gm, problem.instances, problem.cost, kv_budget=problem.spec.kv_budget)
     train_total = float(problem.rho) * r_hat
     if lengths is None:
         lengths = scenarios.sample_scenarios(problem, scenario_count(problem), rng)
+    sim_problem = _scoring_spec(problem, lengths)
     plen = np.asarray(problem.prompts.prompt_lens, dtype=np.float64)
     tokens = float((lengths.sum(axis=2) + problem.prompts.n * plen[None, :]).sum(axis=1).mean())
     trainer = TrainerModel(alpha=train_total / max(tokens, 1e-12), overhead=0.0, minibatch=problem.minibatch)
     out = []
     for cand in cands:
-        e2e, rollout = [], []
+        e2e, rollout, pre = [], [], []
         for scen in lengths:
-            res = simulate_pipeline(problem, cand, scen, mode="stream", max_lag=int(problem.max_lag),
+            res = simulate_pipeline(sim_problem, cand, scen, mode="stream", max_lag=int(problem.max_lag),
                                     trainer=trainer, with_bounds=False,
                                     work_stealing=bool(problem.work_stealing))
             e2e.append(res.metrics["time/iteration"])
             rollout.append(res.metrics["time/rollout"])
-        out.append((float(np.mean(e2e)), float(np.percentile(e2e, 90)), float(np.mean(rollout))))
+            pre.append(res.metrics["rollout/preemptions"])
+        out.append((float(np.mean(e2e)), float(np.percentile(e2e, 90)), float(np.mean(rollout)),
+                    float(np.mean(pre))))
     return out, 2.0, lengths.shape[0], lengths
+
+
+Key = Tuple[float, str, float]  # (theta, order rule, eps base) of one candidate
+
+
+class _Search:
+    """The candidates of one problem (the window or its proxy), built on demand and scored on shared
+    scenarios."""
+
+    def __init__(self, problem: PlanningProblem, name: str, rng: np.random.Generator,
+                 blt_thetas: Sequence[float]) -> None:
+        self.problem, self.name, self.rng = problem, name, rng
+        self.gm = group_moments(problem)
+        self.balanced: Dict[float, Tuple[np.ndarray, Dict[str, float]]] = {}
+        seen: Dict[bytes, float] = {}
+        for theta in blt_thetas:  # thetas that select the same tail set give the same balance
+            if theta == ISOLATE_BALANCE:
+                dom = dominant_groups(self.gm, problem)
+                if len(dom) == 0:
+                    continue  # nothing to isolate: the balance would be LPT's
+                key = b"iso" + dom.tobytes()
+            elif theta >= 0:
+                key = place_tails(self.gm, problem, theta)[0].tobytes()
+            else:
+                key = str(theta).encode()
+            if key not in seen:
+                seen[key] = theta
+                self.balanced[theta] = balance(self.gm, problem, theta)
+        self.keys: List[Key] = []
+        self.cands: List[Assignment] = []
+        self.scores: List[Tuple[float, float, float, float]] = []
+        self.lengths: Optional[np.ndarray] = None
+        self.how, self.k = 0.0, 0
+
+    def make(self, key: Key) -> Assignment:
+        t, r, e = key
+        if r in BASELINE_ORDERS:
+            return baseline_candidate(self.problem, r, self.rng, self.name, self.gm, tagged=t == BASELINE_THETA)
+        if t not in self.balanced:
+            self.balanced[t] = balance(self.gm, self.problem, t)
+        return build_candidate(self.problem, self.gm, self.balanced[t][0], self.balanced[t][1], t, r, e,
+                               self.name, self.rng)
+
+    def score(self, keys: Sequence[Key]) -> None:
+        new_keys = [k for k in keys if k not in self.keys]
+        if not new_keys:
+            return
+        new = [self.make(k) for k in new_keys]
+        sc, self.how, self.k, self.lengths = _score(self.problem, new, self.rng, self.lengths)
+        self.cands.extend(new)
+        self.keys.extend(new_keys)
+        self.scores.extend(sc)
+
+    def ranked(self) -> List[int]:
+        return sorted(range(len(self.keys)), key=lambda i: self.scores[i][0])
+
+    def info(self, i: int) -> Dict[str, float]:
+        sc = self.scores[i]
+        return {"selection": self.how, "scenarios": float(self.k), "candidates": float(len(self.cands)),
+                "selection_groups": float(len(self.problem.prompts)), "pred_e2e_mean": sc[0],
+                "pred_e2e_p90": sc[1], "pred_rollout_mean": sc[2], "pred_preemptions": sc[3],
+                "scored_max_lag": float(self.problem.max_lag),
+                "scored_work_stealing": float(self.problem.work_stealing)}
+
+
+def _n_candidates(thetas: Sequence[float], epss: Sequence[float], blt: Sequence[str], base: Sequence[str]) -> int:
+    """Candidates one selection scores at most: stage 1 (balances x first rule, baselines) + stage 2."""
+    stage2 = sum(len(epss) if r == "curve" else 1 for r in blt) - 1 if blt else 0
+    return len(thetas) * bool(blt) + len(base) + max(stage2, 0)
 
 
 def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "asp",
@@ -310,11 +477,16 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
              rules: Optional[Sequence[str]] = None) -> Assignment:
     """Plan one window with BLT.
 
-    Candidates: every theta of the grid x every BLT order rule ("curve" with each eps of the grid, "random",
-    "long_first") on the balanced assignment of that theta, plus the baseline orders of BASELINE_ORDERS
-    (rules named after them). They are scored on the window, or on a random subsample of SELECT_GROUPS
-    groups when the window is larger (`_selection_problem`), by simulating sampled length scenarios in the
-    problem's regime (max_lag, work stealing); the winner's (theta, rule, eps) then plans the whole window.
+    Candidates: the balances of the theta grid (tails + KK, LPT, deal, isolation of dominant groups), each
+    with the first BLT rule, and every baseline's own plan (BASELINE_ORDERS); then the other BLT order rules
+    ("curve" with each eps of the grid, "long_first") on the best balance. All are event-simulated on the
+    same sampled length scenarios in the problem's regime (max_lag, work stealing, rho, KV budget;
+    `_score`): on the whole window when candidates x scenarios x sequences <= SIM_SEQ_FULL (scope "full"),
+    else on a stratified subsample (`_selection_problem`), whose FULL_TOP best, with the baselines' own plans
+    when they fit too, are rebuilt and re-scored on the whole window when that fits the budget (scope
+    "subsample+full_top"); otherwise the subsample's winner plans the window (scope "subsample").
+    params record the scope (`selection_scope`, SCOPES) and the winner's predicted e2e time, rollout time
+    and preemptions on it (`pred_*`), so a caller can set them against a simulation of the plan.
     Grids of one value each skip the search.
     """
     gm = group_moments(problem)
@@ -327,70 +499,66 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
         raise ValueError(f"unknown order rule(s) {unknown}; choose from {', '.join(ORDER_RULES)}")
     blt = tuple(r for r in use if r not in BASELINE_ORDERS)
     base = tuple(r for r in use if r in BASELINE_ORDERS)
-    n_cands = len(thetas) * (len(epss) * ("curve" in blt) + sum(r != "curve" for r in blt)) + len(base)
+    n_cands = _n_candidates(thetas, epss, blt, base)
     if n_cands <= 1 or G <= problem.instances:
-        choice = (thetas[0] if theta_grid is not None else DEFAULT_THETA,
-                  use[0] if rules is not None else DEFAULT_RULE,
-                  epss[0] if eps_grid is not None else DEFAULT_EPS)
-        info_sel = {"selection": 0.0, "scenarios": 0.0}
-    else:
-        sel = _selection_problem(problem, rng)
-        sgm = group_moments(sel)
-        lengths = None
-        balanced: Dict[float, Tuple[np.ndarray, Dict[str, float]]] = {}
-        tails_seen: Dict[bytes, float] = {}
-        if blt:
-            for theta in thetas:  # thetas that select the same tail set give the same balance
-                key = place_tails(sgm, sel, theta)[0].tobytes() if theta >= 0 else str(theta).encode()
-                if key not in tails_seen:
-                    tails_seen[key] = theta
-                    balanced[theta] = balance(sgm, sel, theta)
-        # Stage 1: the balances, each with the first BLT rule, and the baseline orders; stage 2: the other BLT
-        # rules on the best balance. Every candidate is scored on the same scenarios.
-        first_rule = "long_first" if "long_first" in blt else (blt[0] if blt else "")
-        stage1 = [(theta, first_rule, epss[0] if first_rule == "curve" else 0.0) for theta in balanced]
-        stage1 += [(BASELINE_THETA, r, 0.0) for r in base]
-        cands, keys, scores = [], [], []
-        how, k = 0.0, 0
-
-        def make(t: float, r: str, e: float) -> Assignment:
-            if r in BASELINE_ORDERS:
-                return baseline_candidate(sel, r, rng, name, sgm)
-            return build_candidate(sel, sgm, balanced[t][0], balanced[t][1], t, r, e, name, rng)
-
-        def score(new_keys):
-            nonlocal lengths, how, k
-            new = [make(*key) for key in new_keys]
-            sc, how, k, lengths = _score(sel, new, rng, lengths)
-            cands.extend(new)
-            keys.extend(new_keys)
-            scores.extend(sc)
-
-        score(stage1)
-        blt_idx = [i for i, key in enumerate(keys) if key[1] not in BASELINE_ORDERS]
-        if blt_idx:
-            best_theta = keys[min(blt_idx, key=lambda i: scores[i][0])][0]
-            stage2 = [(best_theta, r, e) for r in blt for e in (epss if r == "curve" else (0.0,))
-                      if (best_theta, r, e) not in keys]
-            if stage2:
-                score(stage2)
-        best = int(np.argmin([sc[0] for sc in scores]))
-        choice = keys[best]
-        info_sel = {"selection": how, "scenarios": float(k), "candidates": float(len(cands)),
-                    "selection_groups": float(len(sel.prompts)), "pred_e2e_mean": scores[best][0],
-                    "pred_e2e_p90": scores[best][1], "pred_rollout_mean": scores[best][2],
-                    "scored_max_lag": float(problem.max_lag), "scored_work_stealing": float(problem.work_stealing)}
-        if sel is problem:
-            a = cands[best]
-            a.params.update(info_sel)
-            a.validate(G)
-            return a
-    theta, rule, eps_base = choice
+        theta = thetas[0] if theta_grid is not None else DEFAULT_THETA
+        rule = use[0] if rules is not None else DEFAULT_RULE
+        eps_base = epss[0] if eps_grid is not None else DEFAULT_EPS
+        if rule in BASELINE_ORDERS:
+            a = baseline_candidate(problem, rule, rng, name, gm, tagged=theta != BASELINE_OWN_THETA)
+        else:
+            owner, info = balance(gm, problem, theta)
+            a = build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng)
+        a.params.update({"selection": 0.0, "scenarios": 0.0, "selection_scope": SCOPES["none"]})
+        a.validate(G)
+        return a
+    seqs = G * problem.prompts.n
+    full = seqs * scenario_count(problem) * n_cands <= SIM_SEQ_FULL
+    sel = problem if full else _selection_problem(problem, rng, gm)
+    search = _Search(sel, name, rng, thetas if blt else ())
+    # Stage 1: the balances, each with the first BLT rule, and the baselines' own plans; stage 2: the other
+    # BLT rules on the best balance. Every candidate is scored on the same scenarios.
+    first_rule = "long_first" if "long_first" in blt else (blt[0] if blt else "")
+    stage1: List[Key] = [(t, first_rule, epss[0] if first_rule == "curve" else 0.0) for t in search.balanced]
+    stage1 += [(BASELINE_OWN_THETA, r, 0.0) for r in base]
+    search.score(stage1)
+    blt_idx = [i for i, key in enumerate(search.keys) if key[1] not in BASELINE_ORDERS]
+    if blt_idx:
+        best_theta = search.keys[min(blt_idx, key=lambda i: search.scores[i][0])][0]
+        search.score([(best_theta, r, e) for r in blt for e in (epss if r == "curve" else (0.0,))])
+    ranked = search.ranked()
+    if sel is problem:
+        a = search.cands[ranked[0]]
+        a.params.update(search.info(ranked[0]))
+        a.params["selection_scope"] = SCOPES["full"]
+        a.validate(G)
+        return a
+    # Subsample: its best few (and, when they fit, the baselines' own plans) on the whole window.
+    top = [search.keys[i] for i in ranked[:FULL_TOP]]
+    k_full = scenario_count(problem)
+    if seqs * k_full * len(top) <= SIM_SEQ_FULL:
+        extra = [(BASELINE_OWN_THETA, r, 0.0) for r in base if (BASELINE_OWN_THETA, r, 0.0) not in top]
+        if seqs * k_full * (len(top) + len(extra)) <= SIM_SEQ_FULL:
+            top += extra
+        whole = _Search(problem, name, rng, ())
+        whole.gm = gm
+        whole.score(top)
+        best = whole.ranked()[0]
+        a = whole.cands[best]
+        info = whole.info(best)
+        info.update({"candidates": float(len(search.cands) + len(top)), "selection_groups": float(len(sel.prompts)),
+                     "selection_scope": SCOPES["subsample+full_top"], "full_candidates": float(len(top))})
+        a.params.update(info)
+        a.validate(G)
+        return a
+    theta, rule, eps_base = search.keys[ranked[0]]
+    info = search.info(ranked[0])
+    info["selection_scope"] = SCOPES["subsample"]
     if rule in BASELINE_ORDERS:
-        a = baseline_candidate(problem, rule, rng, name, gm)
+        a = baseline_candidate(problem, rule, rng, name, gm, tagged=theta == BASELINE_THETA)
     else:
-        owner, info = balance(gm, problem, theta)
-        a = build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng)
-    a.params.update(info_sel)
+        owner, binfo = balance(gm, problem, theta)
+        a = build_candidate(problem, gm, owner, binfo, theta, rule, eps_base, name, rng)
+    a.params.update(info)
     a.validate(G)
     return a
