@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "lengths",
     "plan",
     "simulate",
+    "whatif",
     "fit_cost",
     "train",
     "compare",
