@@ -204,5 +204,6 @@ def test_max_lag_and_stealing_come_from_config_and_flags(tmp_path, capsys):
     assert (h["max_lag"], h["work_stealing"]) == (1, True)
     assert main(base_args(data, hist, out, "--no-work-stealing")) == 0
     assert load_plan(out).header["work_stealing"] is False
+    capsys.readouterr()  # the regime advice may have warned on stderr above
     err = run_error(capsys, base_args(data, hist, out, "--max-lag", "-1"))
     assert "--max-lag" in err
