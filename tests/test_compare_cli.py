@@ -20,11 +20,11 @@ class Clock:
         return self.t
 
 
-def fake_run(tmp_path, name, mode, iter_s, skew_end, offpolicy=None):
+def fake_run(tmp_path, name, mode, iter_s, skew_end, offpolicy=None, devices=None):
     """A 2-step run: instance 0 busy [0, 4], instance 1 busy [0, skew_end]; steps end at iter_s, 2*iter_s."""
     clock = Clock()
     rec = RunRecorder(tmp_path / name, mode=mode, instances=2, slots=4, minibatch_groups=1, max_lag=1,
-                      clock=clock)
+                      clock=clock, devices=devices)
     rec.group(GroupSpan(0, 0, 0.0, 0.0, 4.0, 10, 40, [10, 10, 10, 10], version=0, window=0, trained=True))
     rec.group(GroupSpan(1, 1, 0.0, 0.0, skew_end, 10, 20, [5, 5, 5, 5], version=0, window=0, trained=True))
     rec.queue(0, 0.0)
@@ -32,7 +32,8 @@ def fake_run(tmp_path, name, mode, iter_s, skew_end, offpolicy=None):
     rec.trainer_starved(0.0, 2.0)
     for step, lags in ((0, [0, 0, 0, 0]), (1, [1, 1, 1, 1])):
         rec.log_step({"step": step, "version": step + 1, "t_end": iter_s * (step + 1), "time/iteration": iter_s,
-                      "time/train": 0.5, "time/weight_sync": 0.1, "reward/mean": 0.1 * (step + 1),
+                      "time/train": 0.5, "time/rollout": iter_s - 0.6, "time/weight_sync": 0.1,
+                      "reward/mean": 0.1 * (step + 1),
                       "tokens/trained": 50, **((offpolicy or {}).get(step, {}))}, lags)
     rec.write()
     return rec
@@ -45,8 +46,11 @@ def test_metric_definitions(tmp_path):
     assert s["bubble/skewness"] == pytest.approx(0.25)
     # trainer starved 2 s of a 10 s run
     assert s["bubble/sorting"] == pytest.approx(0.2)
-    # 100 trained tokens / (2 devices * 10 s)
-    assert s["throughput/e2e_tps"] == pytest.approx(5.0)
+    # 100 trained tokens / (3 devices: 2 instances + the trainer's 1 * 10 s), docs/design.md section 5
+    assert s["throughput/e2e_tps"] == pytest.approx(100 / (3 * 10.0))
+    assert s["devices"] == {"total": 3, "rollout": 2, "trainer": 1, "layout": "split", "definition": "all_devices"}
+    # the stock run's own rho against its rollout: 0.5 s train / 4.4 s rollout per update
+    assert s["rho_stock"] == pytest.approx(0.5 / 4.4)
     assert s["lag/max"] == 1 and s["lag/mean"] == pytest.approx(0.5) and s["lag/frac_over_bound"] == 0.0
     assert s["lag/hist"] == {"0": 4, "1": 4}
     # each group fills all 4 samples for its whole span: slot-time use 4*4 + 4*2 over 4 slots * 6 s busy = 1
@@ -139,3 +143,27 @@ def test_offpolicy_metrics_summarised_and_compared(tmp_path):
     assert "1.25" in dec_line and "0.125" in dec_line
     plain, _ = compare_runs([tmp_path / "plain"])
     assert "iw mean" not in plain  # runs without the metrics keep the old table
+
+
+def test_compare_states_devices_and_rho_stock_and_warns_on_old_summaries(tmp_path):
+    from mindspeed_asp.metrics import split_devices
+
+    fake_run(tmp_path, "stock", "stock", 10.0, 1.0)
+    fake_run(tmp_path, "asp", "asp", 5.0, 4.0, devices=split_devices(2, 1, 2))  # a trainer on 2 devices
+    s = json.loads((tmp_path / "asp" / "summary.json").read_text())
+    assert s["throughput/e2e_tps"] == pytest.approx(100 / (4 * 10.0))
+    assert "rho_stock" not in s  # only a stock run measures stock's rollout
+    table, runs = compare_runs([tmp_path / "stock", tmp_path / "asp"])
+    assert "stock 3 (2 rollout + 1 trainer, split)" in table and "asp 4 (2 rollout + 2 trainer, split)" in table
+    assert "warning" not in table
+    # rho_stock: each run's train time per update over the stock run's rollout per update (9.4 s)
+    assert runs[0]["rho/stock"] == pytest.approx(0.5 / 9.4) and runs[1]["rho/stock"] == pytest.approx(0.5 / 9.4)
+    assert "rho_stock" in table.splitlines()[0]
+    # a summary from before the definition (no devices record): compared with a warning naming it
+    old = tmp_path / "old"
+    old.mkdir()
+    legacy = {k: v for k, v in s.items() if k != "devices"}
+    (old / "summary.json").write_text(json.dumps(legacy))
+    table, _ = compare_runs([tmp_path / "stock", old])
+    assert "old unknown" in table
+    assert [line for line in table.splitlines() if line.startswith("warning: old recorded no devices")]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.metrics import E2E_TPS_TEXT, devices_of, rho_stock
 from mindspeed_asp.run_report import EVENTS, any_events, run_events
 from mindspeed_asp.textfile import read_text
 
@@ -69,6 +70,12 @@ OFFPOLICY_COLUMNS: List[Column] = [
     ("iw capped", ("offpolicy/iw_frac_capped", "asp/iw_frac_capped"), 0),
     ("clip", ("offpolicy/clip_frac", "asp/clip_frac"), 0),
 ]
+
+
+#: Appended when a stock run is among those compared: each run's train time per update over the stock run's
+#: rollout time per update (rho against stock's measured rollout, docs/design.md section 5).
+RHO_STOCK_KEY = "rho/stock"
+RHO_COLUMNS: List[Column] = [("rho_stock", (RHO_STOCK_KEY,), 0)]
 
 
 #: Appended when any run had an unusual event (an instance died, groups were re-dispatched, regenerated or
@@ -158,6 +165,47 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _is_stock(run: Dict[str, Any]) -> bool:
+    """A stock run: the runtime's stock mode or a stock MindSpeed-RL log (mode `mindspeed-rl`)."""
+    return run.get("mode") in ("stock", "mindspeed-rl")
+
+
+def with_rho_stock(runs: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """The runs with `rho/stock` added (train time per update / the first stock run's rollout time per update)
+    and that stock run's name; unchanged and None without a stock run that measured its rollout."""
+    stock = next((r for r in runs if _is_stock(r) and (r.get("time/rollout") or 0) > 0), None)
+    if stock is None:
+        return list(runs), None
+    out = []
+    for r in runs:
+        train = r.get("time/train")
+        out.append({**r, RHO_STOCK_KEY: rho_stock(train, stock["time/rollout"])}
+                   if isinstance(train, (int, float)) else dict(r))
+    return out, str(stock.get("name", "?"))
+
+
+def devices_notes(runs: Sequence[Dict[str, Any]]) -> List[str]:
+    """Which devices each run's e2e_tps divided by, and warnings where a figure was computed another way (a
+    summary written before the all-devices definition records no `devices`)."""
+    parts, old = [], []
+    for r in runs:
+        name = str(r.get("name", "?"))
+        d = devices_of(r)
+        if d is not None:
+            parts.append(f"{name} {d.describe()}")
+        elif r.get("source") == MSRL_SOURCE:
+            parts.append(f"{name} MindSpeed-RL's world size (not in the log)")
+        else:
+            parts.append(f"{name} unknown")
+            old.append(name)
+    notes = [f"e2e_tps = {E2E_TPS_TEXT}; devices: " + ", ".join(parts)]
+    if old:
+        notes.append("warning: " + ", ".join(old) + " recorded no devices (a summary from before the all-devices "
+                     "definition: its e2e_tps divided by the rollout instances only), so e2e_tps ratios with it "
+                     "are not like-for-like; re-run it or compare iteration times")
+    return notes
+
+
 def compare_table(runs: Sequence[Dict[str, Any]],
                   columns: Optional[Sequence[Column]] = None) -> Tuple[List[str], List[List[str]]]:
     """Header and rows; ratio columns read `value (x ratio)` against the first run (x > 1 = better)."""
@@ -168,6 +216,8 @@ def compare_table(runs: Sequence[Dict[str, Any]],
             columns = list(columns) + OFFPOLICY_COLUMNS
         if any(r.get("learning/target_reward") is not None for r in runs):
             columns = list(columns) + LEARNING_COLUMNS
+        if any(r.get(RHO_STOCK_KEY) is not None for r in runs):
+            columns = list(columns) + RHO_COLUMNS
         if any(any_events(r) for r in runs):
             columns = list(columns) + EVENT_COLUMNS
     header = ["run", "mode"] + [c[0] for c in columns]
@@ -196,9 +246,12 @@ def format_table(header: List[str], rows: List[List[str]]) -> str:
 
 def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]]:
     """The printed table and the loaded summaries (used by `asp demo` too)."""
-    runs = [load_run(p) for p in paths]
+    runs, stock_name = with_rho_stock([load_run(p) for p in paths])
     header, rows = compare_table(runs)
     note = "ratios vs the first run, x > 1 is better (throughput higher, times lower)"
+    if stock_name is not None:
+        note += (f"; rho_stock = train s per update / the rollout s per update of stock run {stock_name} "
+                 "(docs/design.md section 5)")
     targets = sorted({r["learning/target_reward"] for r in runs if r.get("learning/target_reward") is not None})
     if targets:
         note += ("; reward = mean of the last quarter of the updates; R* = target reward "
@@ -206,7 +259,7 @@ def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]
     if any(r.get("interrupted") for r in runs):
         note += ("; [interrupted k/N] = stopped by a signal after k of N updates, its figures cover those k "
                  "(asp train --resume continues it)")
-    return format_table(header, rows) + "\n" + note, runs
+    return "\n".join([format_table(header, rows), note] + devices_notes(runs)), runs
 
 
 def handler(args: argparse.Namespace) -> int:

@@ -19,7 +19,12 @@ import numpy as np
 from mindspeed_asp.atomic import write_text
 from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
-from mindspeed_asp.metrics import generation_padding, idle_share, lag_histogram, lag_stats, skewness, tail_share
+from mindspeed_asp.metrics import (DeviceCount, e2e_tps, generation_padding, idle_share, lag_histogram, lag_stats,
+                                   rho_stock, skewness, split_devices, tail_share)
+
+#: Devices the CPU runtime's trainer counts as (it is one process, the driver's): the run config's
+#: `trainer.devices` default.
+DEFAULT_TRAINER_DEVICES = 1
 
 STEPS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -53,7 +58,7 @@ class RunRecorder:
     slots: int
     minibatch_groups: int
     max_lag: int
-    devices: Optional[int] = None  # devices in e2e_tps' denominator; default = instances
+    devices: Optional[DeviceCount] = None  # e2e_tps' denominator; default: instances + DEFAULT_TRAINER_DEVICES
     target_reward: Optional[float] = None  # learning/*_to_target are reported against it (run.target_reward)
     clock: Any = time.monotonic
     t0: float = field(default=0.0)
@@ -67,6 +72,8 @@ class RunRecorder:
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
+        if self.devices is None:
+            self.devices = split_devices(self.instances, 1, DEFAULT_TRAINER_DEVICES)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = self.clock()
         self._steps_fh = open(self.out_dir / STEPS_FILE, "w")
@@ -143,7 +150,7 @@ class RunRecorder:
     def summary(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """All docs/design.md section 5 metrics over the run (plus `extra`), as a flat dict."""
         s: Dict[str, Any] = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
-                             "steps": len(self.steps)}
+                             "steps": len(self.steps), "devices": self.devices.to_dict()}
         s.update(lag_stats(self.lags, self.max_lag))
         s["lag/hist"] = lag_histogram(self.lags)
         s.update(offpolicy_summary(self.steps))
@@ -207,16 +214,18 @@ class RunRecorder:
             if vals:
                 out[key] = float(np.mean(vals))
                 out[key + "_total"] = float(np.sum(vals))
-        devices = self.devices or self.instances
         span = self.run_span()
         tokens = sum(r.get("tokens/trained", 0) for r in self.steps)
         out["tokens/trained"] = int(tokens)
-        out["throughput/e2e_tps"] = tokens / (devices * span) if span > 0 else 0.0
+        out["throughput/e2e_tps"] = e2e_tps(tokens, span, self.devices)
         out["throughput/tokens_per_s"] = tokens / span if span > 0 else 0.0
         gen = sum(g.response_tokens for g in self.groups)
         busy = instance_busy(self.groups, self.instances)
         out["throughput/rollout_tps"] = gen / max(busy.values()) if busy and max(busy.values()) > 0 else 0.0
         out["time/run"] = span
+        if self.mode == "stock" and out.get("time/rollout_total", 0.0) > 0:
+            # the stock run's own rho (docs/design.md section 5); other modes get it from a stock run in compare
+            out["rho_stock"] = rho_stock(out.get("time/train_total", 0.0), out["time/rollout_total"])
         return out
 
     # ---------------------------------------------------------------- files

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from mindspeed_asp.config import AspSection, Strict, apply_overrides, read_yaml, validate_section
 from mindspeed_asp.errors import ConfigError
+from mindspeed_asp.runtime.metrics_log import DEFAULT_TRAINER_DEVICES
 
 #: On CPU the "devices" are logical slots: each instance is one vLLM process with `instance_threads` OpenMP
 #: threads. More instances than this share the same cores so thinly that vLLM start-up times out, so a
@@ -54,6 +55,9 @@ class TrainerSection(Strict):
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
     max_grad_norm: float = Field(1.0, gt=0.0)
     threads: int = Field(1, ge=1, description="torch threads of the trainer")
+    devices: int = Field(DEFAULT_TRAINER_DEVICES, ge=1, description="devices the trainer counts as in "
+                         "throughput/e2e_tps (every device the run uses, docs/design.md section 5); the reference "
+                         "trainer is one process: 1")
     objective: Literal["standard", "decoupled"] = Field(
         "decoupled", description="decoupled (default, chosen from the convergence benchmark): ratio against the "
         "proximal policy times a truncated importance weight; standard: PPO ratio against the behaviour "
