@@ -12,7 +12,7 @@ from typing import Dict, Optional
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
-from scipy.special import ndtr, ndtri
+from scipy.special import log_ndtr, ndtr, ndtri
 
 from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.errors import ConfigError
@@ -60,6 +60,25 @@ def truncation_probability(log_median: np.ndarray, sigma: np.ndarray, max_new_to
     """P(a lognormal sample reaches the cap): the mass the engine truncates into the spike at max_new_tokens."""
     sigma = np.maximum(np.asarray(sigma, dtype=np.float64), 1e-6)
     return 1.0 - ndtr((np.log(max_new_tokens) - log_median) / sigma)
+
+
+def drifted_cap_count(stats: "_PromptStats", center: np.ndarray, sigma: np.ndarray,
+                      max_new_tokens: int) -> np.ndarray:
+    """How many of each prompt's history samples would reach the cap at the predicted epoch, given the drift.
+
+    A sample below the cap counts when its drift-shifted length reaches the cap (lengths growing). A sample
+    observed at the cap was censored there (its untruncated length is unknown), so when lengths shrink it
+    counts with the probability that it still reaches the cap: the prompt's lognormal tail mass beyond the cap
+    at the predicted epoch over that mass at the sample's own epoch, whose center lies `shift` lower. Without
+    drift this is the observed number of samples at the cap.
+    """
+    g, d = stats.capped_group, stats.capped_shift
+    s = np.maximum(np.asarray(sigma, dtype=np.float64), 1e-6)[g]
+    c = np.asarray(center, dtype=np.float64)[g]
+    logcap = np.log(max_new_tokens)
+    ratio = np.exp(np.minimum(log_ndtr((c - logcap) / s) - log_ndtr((c - d - logcap) / s), 0.0))
+    keep = np.where((d >= 0) | ~np.isfinite(ratio), 1.0, ratio)
+    return stats.over_cap + np.bincount(g, weights=keep, minlength=len(stats.over_cap))
 
 
 def _grouped_order(group: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -190,6 +209,9 @@ class _PromptStats:
     within_dof: np.ndarray  # samples - records
     total_ss: np.ndarray  # squared residuals around the center
     at_cap: np.ndarray  # samples that reached max_new_tokens
+    over_cap: np.ndarray  # samples below the cap whose drift-shifted length reaches it (lengths growing)
+    capped_group: np.ndarray  # int64 [C]: the prompt of each sample observed at the cap
+    capped_shift: np.ndarray  # float [C]: its log drift shift to the predicted epoch
     has: np.ndarray  # bool: any history
     last_median: np.ndarray  # median log-length of the prompt's record at the window's reference epoch
     last_count: np.ndarray  # samples in that record (0 when the prompt has no record there)
@@ -215,14 +237,19 @@ def _prompt_stats(prompt_ids: np.ndarray, history: LengthHistory, drift: "DriftM
     within_dof = count - np.bincount(view.record_group, minlength=G)
     total_ss = np.bincount(view.group, weights=(logs - center[view.group]) ** 2, minlength=G) \
         if len(logs) else np.zeros(G)
-    at_cap = np.bincount(view.group, weights=(view.length >= max_new_tokens).astype(np.float64), minlength=G)
+    capped = view.length >= max_new_tokens
+    at_cap = np.bincount(view.group, weights=capped.astype(np.float64), minlength=G)
+    over_cap = np.bincount(view.group, weights=(~capped & (logs >= np.log(max_new_tokens))).astype(np.float64),
+                           minlength=G)
+    shift = logs - np.log(np.maximum(view.length, 1).astype(np.float64))
     last_median = np.full(G, np.nan)
     last_count = np.zeros(G)
     if len(view.record_group):
         at_ref = view.record_epoch == ref_epoch
         last_median[view.record_group[at_ref]] = recmed[at_ref]
         last_count[view.record_group[at_ref]] = np.bincount(view.record, minlength=len(recmed))[at_ref]
-    return _PromptStats(center, count, neff, within_ss, within_dof, total_ss, at_cap, count > 0,
+    return _PromptStats(center, count, neff, within_ss, within_dof, total_ss, at_cap, over_cap,
+                        view.group[capped].astype(np.int64), shift[capped], count > 0,
                         last_median, last_count)
 
 
@@ -458,7 +485,8 @@ class HistoryEstimator:
         # truncation: the lognormal tail mass, blended with the observed share of samples at the cap
         model_p = truncation_probability(center, np.sqrt(within ** 2 + center_sd ** 2), max_new_tokens)
         k = self.sigma_shrinkage
-        p_trunc = np.where(has, (stats.at_cap + k * model_p) / np.maximum(stats.count + k, 1.0), model_p)
+        at_cap = drifted_cap_count(stats, center, np.sqrt(within ** 2 + center_sd ** 2), max_new_tokens)
+        p_trunc = np.where(has, (at_cap + k * model_p) / np.maximum(stats.count + k, 1.0), model_p)
         params.update({"drift_factor": model.factor, "pooled_sigma": spread.pooled_within,
                        "center_drift_sd": spread.drift_sd, "spread_mode_within": float(spread.mode == "within"),
                        "cold_start_frac": float(1.0 - has.mean()) if len(has) else 0.0})
