@@ -215,6 +215,12 @@ def test_resume_config_allows_extending_and_refuses_changing_the_run(tmp_path):
     with pytest.raises(ConfigError, match="nothing left to run") as exc:
         resume_config(saved, str(tmp_path), 6, [], where)
     assert exc.value.key == "run.steps"
+    # a checkpoint written before a key existed (trainer.devices) resumes at the key's default, not otherwise
+    older = {**saved, "trainer": {k: v for k, v in saved["trainer"].items() if k != "devices"}}
+    assert resume_config(older, str(tmp_path), 4, [], where).trainer.devices == 1
+    with pytest.raises(ConfigError, match="cannot change") as exc:
+        resume_config(older, str(tmp_path), 4, ["trainer.devices=2"], where)
+    assert exc.value.key == "trainer.devices"
 
 
 # --------------------------------------------------------------------------------------------- run directory

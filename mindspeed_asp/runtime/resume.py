@@ -43,7 +43,10 @@ def resume_config(saved: Dict[str, Any], run_dir: str, version: int, overrides: 
     base = copy.deepcopy(saved)
     base.setdefault("run", {})["out"] = str(run_dir)
     cfg = config_from_dict(base, path=where, overrides=overrides, devices=devices)
+    saved_keys, defaults = dict(_flatten(base)), dict(_flatten(dump_config(RunConfig())))
     for key, old, new in changed_keys(base, dump_config(cfg)):
+        if key not in saved_keys and new == defaults.get(key):
+            continue  # a key added since the checkpoint was written (e.g. trainer.devices), at its default
         if key not in RESUMABLE_KEYS:
             raise ConfigError(f"--resume continues the run under its own config; {key} cannot change "
                               f"({old!r} -> {new!r}). A resume may change only {', '.join(RESUMABLE_KEYS)}",
