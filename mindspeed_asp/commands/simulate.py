@@ -7,6 +7,7 @@ occupancy, bubble breakdown, lag histogram) into --out. Heavy imports stay insid
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import List, Optional
 
 from mindspeed_asp.argtypes import MAX_SEED, nonneg_float, nonneg_int, positive_int
@@ -73,7 +74,10 @@ def register(subparsers) -> None:
                     "workload (the rollout lower bound with true lengths). A planner may carry its own mode: "
                     "'stock@stock' is MindSpeed-RL's synchronous pipeline.")
     p.add_argument("--workload", required=True,
-                   help="synthetic:prompts=512,n=8,seed=0 | alpaca:<path> | splitwise:<path>")
+                   help="synthetic:prompts=512,n=8,seed=0 | alpaca:<path> | splitwise:<path> | "
+                        "history:<path>[?epoch=E&n=8&dataset=prompts.jsonl&cap=4096] (a length history or a "
+                        "runtime rollout log: epoch E, default the latest, is the truth and the epochs before it "
+                        "the history)")
     p.add_argument("--planners", default="asp,stock@stock,round_robin,sorted_asc,verl_kk,lpt,oracle_asp",
                    help="comma list, each NAME or NAME@MODE (mode stream|stock|single)")
     p.add_argument("--instances", type=positive_int, default=8)
@@ -94,6 +98,13 @@ def register(subparsers) -> None:
                         "asp.stale_policy (under the shared policy none does; see docs/design.md)")
     p.add_argument("--sync-time", type=nonneg_float, default=0.0, help="seconds per weight-sync round")
     p.add_argument("--mode", choices=("stream", "stock", "single"), default="stream")
+    p.add_argument("--work-stealing", action=argparse.BooleanOptionalAction, default=None,
+                   help="idle instances steal not-started groups (the runtime's asp.work_stealing). Default: on "
+                        "for streaming planners, off for the stock pipeline (MindSpeed-RL never steals); "
+                        "--work-stealing turns it on for every planner, stock included, --no-work-stealing off")
+    p.add_argument("--no-advice", action="store_true",
+                   help="skip the regime advice (max_lag 0, 1, 2, K-1 against the stock pipeline, simulated on "
+                        "the first seed's first window with estimated lengths)")
     p.add_argument("--single-scaling", default=None,
                    help="speed-up curve of one m-device instance for mode single: power:E | amdahl:F | "
                         "table:1=1,2=1.7,...")
@@ -105,6 +116,22 @@ def register(subparsers) -> None:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=handle)
+
+
+def _advice(spec: str, planners, cfg, seed: int):
+    """Regime advice for the run: the first streaming, non-oracle planner (asp if listed) on `seed`'s window,
+    with the estimate the planners see, before any comparison is simulated; None when no planner fits."""
+    from mindspeed_asp.experiments import sweep
+    from mindspeed_asp.experiments.advice import regime_advice
+    from mindspeed_asp.scheduler.planners import needs_oracle
+
+    names = [name for _, name, mode in planners if mode == "stream" and not needs_oracle(name)]
+    if not names:
+        return None
+    name = "asp" if "asp" in names else names[0]
+    wb = sweep.prepare(spec, cfg, seed)
+    return regime_advice(sweep.problem_for(wb, name, "stream", cfg), planner=name, sync_time=cfg.sync_time,
+                         overhead=cfg.overhead, stale_policy=cfg.stale_policy)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -138,7 +165,11 @@ def handle(args: argparse.Namespace) -> int:
                             minibatch=args.minibatch, rho=1.0 if args.rho is None else args.rho,
                             rho_stock=args.rho_stock, max_lag=args.max_lag, mode=args.mode,
                             sync_time=args.sync_time, overhead=args.overhead, estimator=args.estimator,
-                            stale_policy=args.stale_policy, cost=cost, single_scaling=scaling)
+                            stale_policy=args.stale_policy, cost=cost, single_scaling=scaling,
+                            work_stealing=args.work_stealing)
+    advice = None
+    if not args.no_advice:
+        advice = _advice(args.workload, planners, cfg, seeds[0])
     try:
         results = sweep.compare(args.workload, planners, cfg, seeds, progress=not args.quiet)
     except ValueError as exc:  # planner/simulator refusals on this input
@@ -151,12 +182,18 @@ def handle(args: argparse.Namespace) -> int:
     print(sweep.rho_line(rows))
     print(sweep.format_table(rows, modes))
     print(sweep.e2e_line(results))
+    if advice is not None:
+        print(advice.format())
+        if advice.warning():
+            print(advice.warning(), file=sys.stderr)
     payload = {
         "workload": args.workload, "seeds": seeds,
         "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
         "cost": {"a": cost.a, "b": cost.b, "c": cost.c, "p": cost.p, "source": cost.source},
         "mean": rows,
         "runs": {label: [r.summary() for r in rs] for label, rs in results.items()},
+        "work_stealing": {label: sweep.steals(cfg, mode) for label, _, mode in planners},
+        "advice": advice.as_dict() if advice is not None else None,
     }
     write_json(out / "simulate.json", payload, key="--out", indent=2, default=float)  # atomic
     files = [out / "simulate.json"]

@@ -166,6 +166,17 @@ def resolve_rho(wb: Workbench, cfg: SweepConfig) -> Tuple[float, float]:
     return float(cfg.rho), rho_stock_from_rlb(cfg.rho, wb.r_lb, stock)
 
 
+def steals(cfg: SweepConfig, mode: str) -> bool:
+    """Whether a planner run in `mode` steals: cfg.work_stealing when set, else on for stream only (the stock
+    pipeline never steals: MindSpeed-RL has no stealing)."""
+    return (mode == "stream") if cfg.work_stealing is None else bool(cfg.work_stealing)
+
+
+def problem_for(wb: Workbench, planner: str, mode: str, cfg: SweepConfig) -> PlanningProblem:
+    """The window as `planner` sees it in `run_planner`: its estimate and the regime it runs in."""
+    return _problem(wb, planner, cfg, resolve_rho(wb, cfg)[0], steals(cfg, mode))
+
+
 def run_planner(wb: Workbench, planner: str, mode: str, cfg: SweepConfig, **sim_kw) -> Tuple[SimResult, float]:
     """Plan with `planner` and simulate in `mode`; returns the result and the planning wall time (s)."""
     wl = wb.workload
