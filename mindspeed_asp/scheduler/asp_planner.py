@@ -50,7 +50,7 @@ SELECT_MIN_INSTANCES = 4  # ... on at least this many instances (or all of them 
 # simulated sequence on one core, docs/scheduler.md section 2): every candidate x scenario on the whole window
 # when it fits, else the subsample, then the FULL_TOP best of the subsample (and the baselines' own plans
 # when they fit too) on the whole window.
-SIM_SEQ_FULL = 300_000
+SIM_SEQ_FULL = 120_000
 FULL_TOP = 3
 # Every simple baseline's own plan is a candidate (placement, order, no tags): with exact lengths and the
 # whole window scored, ASP is then never behind any of them in the regime it scores.
