@@ -430,3 +430,105 @@ def demo(d: Json) -> str:
         "of the trade-off; 95% intervals over seeds, ratios paired by seed.", "",
         table(["variant", "seeds", "e2e_tps x stock", "final reward", "reached R*", "updates to R* (mean)",
                "seconds to R* x stock"], rows)])
+
+
+# ------------------------------------------------------------- what-if: the cluster model (bench_whatif.py)
+def _ratio_range(r: Json) -> str:
+    """'1.97x (1.90-2.05)' for a ratio's mean and its range over seeds."""
+    if r.get("n", 1) < 2:
+        return f"{num(r['mean'], 2)}x"
+    return f"{num(r['mean'], 2)}x ({num(r['min'], 2)}-{num(r['max'], 2)})"
+
+
+def whatif(d: Json) -> str:
+    """docs/simulator.md: the paper's setting, the five configs' splits and the sensitivity of the answer."""
+    out: List[str] = []
+    lags = d["lags"]
+    paper = d.get("paper", {})
+    for model, p in paper.items():
+        s = p["setting"]
+        out += [f"**{model}, {s['devices']} {s['device']} devices, TP{s['tp']}** ({s['window_groups']} prompts x "
+                f"n={s['n']} per iteration, M={s['minibatch']} groups per update, {s['slots']} slots; "
+                f"`{p['workload']}`, {p['windows']} iterations per run, seeds {', '.join(map(str, d['seeds']))}). "
+                f"Colocated stock: {num(p['stock_e2e_tps']['mean'], 1)} tokens/s/device, "
+                f"{num(p['stock_window_s']['mean'], 1)} s per iteration.", "",
+                table(["mode", "max_lag", "best rollout + trainer devices (per seed)", "e2e_tps (mean)",
+                       "vs colocated stock: mean (range over seeds)", "asp search"],
+                      [[mode, lag, ", ".join(f"{r}+{s['devices'] - r}" for r in p["summary"][f"{mode}@{lag}"]
+                                              ["rollout_devices"]),
+                        num(p["summary"][f"{mode}@{lag}"]["e2e_tps"]["mean"], 1),
+                        _ratio_range(p["summary"][f"{mode}@{lag}"]["ratio"]),
+                        ", ".join(sorted(set(x for x in p["summary"][f"{mode}@{lag}"]["search"] if x))) or "-"]
+                       for mode in ("async", "asp") for lag in lags]), ""]
+    if paper:
+        first = next(iter(paper.values()))
+        out += ["Assumptions (the 7B setting; the 32B one differs only in its sizes and sources, "
+                "`benchmarks/results/whatif.json` holds both):", ""]
+        out += [f"- {k}: {v}" for k, v in first["assumptions"].items()] + [""]
+    if d.get("conditions_322"):
+        out += [f"**What must hold for the paper's {d['paper_ratio']}x** (asp over colocated stock, read off "
+                "the tables above and below):", ""] + [f"- {x}" for x in d["conditions_322"]] + [""]
+    if d.get("configs"):
+        rows = []
+        for name, c in d["configs"].items():
+            cs = c["config_split"]
+            chk = c.get("config_check") or {}
+            lag_key = str(max(1, cs["max_lag"]))
+            b = c["best"].get(lag_key, {})
+            rows.append([name, c["devices"], c["tp"],
+                         "colocated (max_lag 0)" if cs["colocated"] else f"{cs['rollout_devices']} + "
+                         f"{c['devices'] - cs['rollout_devices']}, max_lag {cs['max_lag']}",
+                         f"{b.get('rollout_devices', '-')} + {c['devices'] - b.get('rollout_devices', 0)} "
+                         f"({b.get('mode', '-')}, max_lag {b.get('max_lag', '-')})",
+                         pct(chk["share_of_best"], 0) if chk else "-",
+                         " / ".join(f"{num(c['best'][k]['speedup'], 2)}x" for k in sorted(c["best"], key=int))])
+        out += ["**The five configs** under their own lengths (n, max_tokens as cap, median cap/4): the best "
+                "split at the config's max_lag (1 for the colocated one) and the share of its e2e_tps the "
+                "config's own split reaches:", "",
+                table(["config", "devices", "TP", "config's split", "best split at its max_lag",
+                       "config split / best", "best vs colocated at max_lag <= " +
+                       " / ".join(sorted({k for c in d['configs'].values() for k in c['best']}, key=int))],
+                      rows), ""]
+    sens = d.get("sensitivity")
+    if sens:
+        out += [f"**Sensitivity** ({sens['model']}, {sens['devices']} devices, long-CoT seed 0, asp fast "
+                "search): best split's ratio over colocated stock per staleness bound when one assumption "
+                "changes:", "",
+                table(["variant", "stock s/iteration (rollout + train)"] + [f"<= {x}" for x in lags],
+                      [[v["variant"], f"{num(v['stock_window_s'], 1)} ({num(v['stock_rollout_s'], 1)} + "
+                                      f"{num(v['stock_train_s'], 1)})"]
+                       + [f"{num(v['best'][str(x)]['ratio'], 2)}x ({v['best'][str(x)]['mode']}, "
+                          f"{v['best'][str(x)]['rollout_devices']} rollout)" if str(x) in v["best"] else "-"
+                          for x in lags] for v in sens["variants"]]), ""]
+    return "\n".join(out)
+
+
+def whatif_validation(d: Json) -> str:
+    """docs/simulator.md: the cluster model against real CPU runs (stock, async, asp)."""
+    v = d.get("validation")
+    if not v:
+        return "_No validation runs in this results file._"
+    target = v["target_abs_error"]
+    rows = []
+    for r in v["runs"]:
+        ok = abs(r["error"]["time"]) <= target
+        rows.append([r["run"], r["mode"], r["max_lag"], f"{r['instances']} + {r['devices'] - r['instances']}",
+                     r["updates"], num(r["measured"]["time_s"], 1), num(r["predicted"]["time_s"], 1),
+                     pct(r["error"]["time"], 1, sign=True), num(r["measured"]["e2e_tps"], 1),
+                     num(r["predicted"]["e2e_tps"], 1), pct(r["error"]["e2e_tps"], 1, sign=True), verdict(ok)])
+    out = ["Each run predicted by the cluster model configured as that run: its instances and one trainer "
+           "device, the decode cost fitted from its own `engine_steps.jsonl`, its measured update "
+           "(alpha x tokens + overhead, fitted on its steps) and sync times, its generated lengths; run time "
+           f"from the first dispatch to the last update. Target: |error| <= {pct(target, 0)} per mode.", "",
+           table(["run", "mode", "max_lag", "instances + trainer", "updates", "measured s", "predicted s",
+                  "error", "measured e2e_tps", "predicted e2e_tps", "error", "target"], rows), ""]
+    if v.get("cross"):
+        out += ["Cross-check: every run predicted with the decode cost fitted on the stock run only:", "",
+                table(["run", "mode", "max_lag", "predicted s", "error"],
+                      [[r["run"], r["mode"], r["max_lag"], num(r["predicted"]["time_s"], 1),
+                        pct(r["error"]["time"], 1, sign=True)] for r in v["cross"]]), ""]
+    fits = [r["cost_fit"] for r in v["runs"]]
+    out += ["Fitted step costs (a + b*active + c*KV + p*prefill): " + "; ".join(
+        f"{r['run']}: a={f['a'] * 1e3:.2f} ms, b={f['b'] * 1e3:.3f} ms, p={f['p'] * 1e3:.4f} ms, R^2 {num(f['r2'], 2)}"
+        for r, f in zip(v["runs"], fits)) + "."]
+    return "\n".join(out)

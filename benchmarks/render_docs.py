@@ -41,6 +41,8 @@ import doc_tables
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
+#: every page with generated blocks (docs/simulator.md holds the what-if tables next to the model they measure)
+DOCS = (DOC, REPO / "docs" / "simulator.md")
 RESULTS = REPO / "benchmarks" / "results"
 
 
@@ -62,6 +64,8 @@ RENDERERS: Dict[str, Renderer] = {
     "demo_learning": Renderer("demo_learning.json", doc_tables.demo_learning),
     "convergence": Renderer("convergence.json", doc_tables.convergence),
     "demo": Renderer("convergence.json", doc_tables.demo),
+    "whatif": Renderer("whatif.json", doc_tables.whatif),
+    "whatif_validation": Renderer("whatif.json", doc_tables.whatif_validation),
 }
 
 # markers stand alone on their line (a marker quoted inside prose is not one)
@@ -130,24 +134,32 @@ def render(text: str, results_dir: Path = RESULTS) -> str:
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if the page differs from the rendered one")
-    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--doc", type=Path, default=None, help="one page (default: every page of DOCS)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="directory of the results files")
     args = ap.parse_args(argv)
-    text = args.doc.read_text()
+    status = 0
+    for doc in ([args.doc] if args.doc else list(DOCS)):
+        status = max(status, _one(doc, args.check, args.results))
+    return status
+
+
+def _one(doc: Path, check: bool, results: Path) -> int:
+    """Render (or with `check`, compare) one page; 2 on a render error, 1 when stale."""
+    text = doc.read_text()
     try:
-        new = render(text, args.results)
+        new = render(text, results)
     except RenderError as exc:
-        print(exc, file=sys.stderr)
+        print(f"{doc}: {exc}", file=sys.stderr)
         return 2
-    if args.check:
+    if check:
         if new != text:
-            print(f"{args.doc} is out of date with benchmarks/results/: run python benchmarks/render_docs.py "
+            print(f"{doc} is out of date with benchmarks/results/: run python benchmarks/render_docs.py "
                   "(figures are generated, not edited by hand)", file=sys.stderr)
             return 1
         return 0
     if new != text:
-        args.doc.write_text(new)
-        print(f"rewrote {args.doc}")
+        doc.write_text(new)
+        print(f"rewrote {doc}")
     return 0
 
 
