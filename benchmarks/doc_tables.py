@@ -532,3 +532,52 @@ def whatif_validation(d: Json) -> str:
         f"{r['run']}: a={f['a'] * 1e3:.2f} ms, b={f['b'] * 1e3:.3f} ms, p={f['p'] * 1e3:.4f} ms, R^2 {num(f['r2'], 2)}"
         for r, f in zip(v["runs"], fits)) + "."]
     return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ 9. robustness (issue 9)
+def _robust_criteria(d: Json) -> str:
+    lines = []
+    for c in d["criteria"].values():
+        share = f" ({pct(c['share'])})" if "share" in c else ""
+        lines.append(f"- {c['text']}: {c['met']} of {c['of']}{share}: **{'PASS' if c['pass'] else 'FAIL'}**")
+    return "\n".join(lines)
+
+
+def robustness(d: Json) -> str:
+    """The issue-9 "Done when" matrix: ASP vs every baseline on four unseen workload kinds, the KV case."""
+    st = d["settings"]
+    out = [f"Seeds {d['seeds']}; {st['instances']} instances x {st['slots']} slots, M = {st['minibatch']} groups; "
+           "workloads: " + ", ".join(f"{k} = `{v}`" for k, v in d["specs"].items())
+           + f"; KV case `{d['kv_spec']}` on {st['kv_instances']} x {st['kv_slots']} slots, KV budget "
+           f"{d['kv_budget']:,} tokens per instance.", "", "**Criteria** (from the simulated means over seeds):", "",
+           _robust_criteria(d), "",
+           "**Per regime** (end-to-end time per window, mean over seeds; baselines stream with stealing, the stock "
+           "pipeline is synchronous without; `pred / sim` = the planner's own predicted e2e for its chosen plan over "
+           "the simulated one):", "",
+           table(["kind", "rho", "max_lag", "best baseline (s)", "oracle ASP (s)", "oracle vs best",
+                  "best non-oracle (s)", "ASP (s)", "ASP vs best non-oracle", "stock pipeline (s)",
+                  "ASP pred / sim", "ASP rollout % above R_LB"],
+                 [[r["kind"], r["rho"], f"{r['max_lag']} ({r['lag']})",
+                   f"{num(r['best_baseline_s'], 1)} ({r['best_baseline']})", num(r["oracle_asp_s"], 1),
+                   ("" if r["oracle_ok"] else "**") + pct(r["oracle_vs_best"], sign=True)
+                   + ("" if r["oracle_ok"] else "**"),
+                   f"{num(r['best_non_oracle_s'], 1)} ({r['best_non_oracle']})", num(r["asp_s"], 1),
+                   ("" if r["asp_ok"] else "**") + pct(r["asp_vs_best_non_oracle"], sign=True)
+                   + ("" if r["asp_ok"] else "**"),
+                   num(r["stock_s"], 1), num(r["asp_pred_over_sim"], 2), f"{r['asp_rollout_above_rlb_pct']:.1f}%"]
+                  for r in d["regimes"]]), "",
+           "**Rollout only** (barrier mode, no lag gate, stealing on; target <= 15% above R_LB with estimates):", "",
+           table(["kind", "R_LB (s)", "ASP % above R_LB (mean / worst seed)", "oracle ASP % above R_LB", "target"],
+                 [[k, num(v["r_lb_s"], 1), f"{v['asp_above_pct']:.1f}% / {v['asp_above_pct_max']:.1f}%",
+                   f"{v['oracle_above_pct']:.1f}%", verdict(v["ok"])] for k, v in d["rollout_only"].items()]), "",
+           "**KV-bound cluster case** (ASP vs least-loaded dispatch, both streaming with stealing; rho_stock = "
+           "train time over stock's rollout; the budget binds where either run preempts):", "",
+           table(["rho_stock", "max_lag", "ASP e2e_tps", "least-loaded e2e_tps", "ASP / least-loaded",
+                  "preemptions ASP / least-loaded", "budget binds", "target"],
+                 [[k["rho_stock"], f"{k['max_lag']} ({k['lag']})", num(k["asp_e2e_tps"], 0),
+                   num(k["least_loaded_e2e_tps"], 0), f"{k['ratio']:.3f}x",
+                   f"{k['asp_preemptions']:.0f} / {k['least_loaded_preemptions']:.0f}",
+                   "yes" if k["binds"] else "no", verdict(k["ok"]) if k["binds"] else "-"] for k in d["kv"]]), ""]
+    total = sum(d["unit_seconds"].values())
+    out.append(f"Wall time of the simulated units: {total / 60:.1f} min in all ({len(d['unit_seconds'])} units).")
+    return "\n".join(out)

@@ -66,6 +66,7 @@ RENDERERS: Dict[str, Renderer] = {
     "demo": Renderer("convergence.json", doc_tables.demo),
     "whatif": Renderer("whatif.json", doc_tables.whatif),
     "whatif_validation": Renderer("whatif.json", doc_tables.whatif_validation),
+    "robustness": Renderer("robustness.json", doc_tables.robustness),
 }
 
 # markers stand alone on their line (a marker quoted inside prose is not one)

@@ -195,6 +195,8 @@ def run_planner(wb: Workbench, planner: str, mode: str, cfg: SweepConfig, **sim_
     res.params["rho_stock"] = rho_s  # the same trainer time / stock's rollout
     res.params["stock_rollout"] = wb.stock_rollout
     res.params["rollout_R_LB"] = wb.r_lb
+    # what the planner predicted for its own plan (ASP: pred_e2e_mean, selection scope), beside the simulation
+    res.params["planner_params"] = {k: float(v) for k, v in assignment.params.items()}
     return res, plan_s
 
 
