@@ -190,7 +190,8 @@ def summarize(units: Dict[str, Dict[str, Any]], s: Settings, seeds: Sequence[int
     kv: List[Dict[str, Any]] = []
     kus = [units[f"kv/{sd}"] for sd in seeds]
     for key, reg in kus[0]["regimes"].items():
-        a_tps, l_tps = _mean(kus, key, "asp", "throughput/e2e_tps"), _mean(kus, key, "least_loaded", "throughput/e2e_tps")
+        a_tps = _mean(kus, key, "asp", "throughput/e2e_tps")
+        l_tps = _mean(kus, key, "least_loaded", "throughput/e2e_tps")
         a_pre, l_pre = _mean(kus, key, "asp", "rollout/preemptions"), _mean(kus, key, "least_loaded",
                                                                            "rollout/preemptions")
         binds = bool(a_pre > 0 or l_pre > 0)

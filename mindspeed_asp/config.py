@@ -67,6 +67,10 @@ class AspSection(Strict):
                                  "None = 1.0 (set it from a measured run: time/train over instance busy time)")
     estimator: EstimatorSection = EstimatorSection()
     cost: CostSection = CostSection()
+    online_fit: bool = Field(True, description="runtime: plan each window after the first with the cost model "
+                             "fitted from the run's own engine steps and the measured rho (runtime/online_cost.py)")
+    plan_ahead: bool = Field(True, description="runtime: plan the next window while the driver waits for "
+                             "results, so loading it costs no planning time on the critical path")
 
     @field_validator("planner")
     @classmethod

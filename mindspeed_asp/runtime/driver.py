@@ -36,7 +36,6 @@ import numpy as np
 from mindspeed_asp.errors import RunError
 from mindspeed_asp.run_report import StartupProgress
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
-from mindspeed_asp.metrics import e2e_tps, split_devices
 from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_fields
 from mindspeed_asp.runtime.ray_utils import RaySession
 from mindspeed_asp.runtime.rollout_pool import RolloutPool
@@ -116,6 +115,10 @@ class Driver:
         self.planner: Optional[WindowPlanner] = None
         self.plan_file: Optional[DispatchPlan] = None
         self.plan_iteration = 0
+        self.step_cursor: Dict[int, int] = {}  # per instance: engine steps already read for the online cost fit
+        self.step_start: Dict[int, int] = {}  # per instance: engine steps before the loop (warm-up), not the run's
+        self.prepared: Optional[tuple] = None  # (gids, WindowPlan) planned ahead while the driver was idle
+        self.loaded_plans: List[Dict[str, Any]] = []  # each loaded window: what it was planned with, its queues
         self.ray_session = RaySession(cfg.run.ray_address, num_cpus=cfg.run.ray_num_cpus,
                                       object_store_mb=cfg.run.ray_object_store_mb, env=QUIET_ENV)
         self.pool: Optional[RolloutPool] = None
@@ -161,11 +164,9 @@ class Driver:
         capacity = None if self.mode == "stock" else max(1, math.ceil(cfg.asp.slots / cfg.data.n)) + 1
         self.dispatcher = Dispatcher(MODE_POLICY[self.mode], cfg.asp.instances, capacity=capacity,
                                      work_stealing=cfg.asp.work_stealing, clock=time.time, lag=self.policy)
-        # e2e_tps over every device the run uses: one per instance plus the trainer's (docs/design.md section 5)
         self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
                                     minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time,
-                                    target_reward=cfg.run.target_reward,
-                                    devices=split_devices(cfg.asp.instances, 1, cfg.trainer.devices))
+                                    target_reward=cfg.run.target_reward)
         if self.mode == "asp" and cfg.asp.plan_path:
             from mindspeed_asp.scheduler.plan import DispatchPlan
 
@@ -271,6 +272,8 @@ class Driver:
         cfg = self.cfg
         self.startup.all_ready()
         self.bar = _progress(cfg.run.steps, self.progress, initial=self.version)  # a resumed run starts at v
+        self._read_engine_steps()  # the warm-up's steps are not the run's
+        self.step_start = dict(self.step_cursor)
         try:
             while self.version < cfg.run.steps:
                 if self.stop.requested is not None:  # SIGINT/SIGTERM: a safe point, between two updates
@@ -316,16 +319,77 @@ class Driver:
         for g in gids:
             self.infos[g] = _GroupInfo(g, g // self.P, g % self.P, window=self.window_index)
         if self.planner is not None:
-            plan = self.planner.plan(gids)
+            ahead = self.prepared is not None and self.prepared[0] == gids
+            plan = self.prepared[1] if ahead else self._plan_window(gids)
+            self.prepared = None
+            self.loaded_plans.append({"window": self.window_index, "groups": len(gids), "planner": plan.planner,
+                                      "ahead": ahead, "plan_seconds": plan.plan_seconds, "cost": plan.cost,
+                                      "rho": plan.rho, "queues": plan.queues,
+                                      "minibatch": [plan.minibatch[g] for g in gids], "gids": gids})
             tickets = [Ticket(g, plan.predicted_tokens[g]) for g in gids]
             self.minibatch_tag.update(plan.minibatch)
             self.dispatcher.load_window(tickets, plan_queues=plan.queues)
             self.recorder.event("plan", window=self.window_index, groups=len(gids),
-                                with_history=plan.with_history, planner=plan.planner)
+                                with_history=plan.with_history, planner=plan.planner, ahead=ahead,
+                                plan_seconds=round(plan.plan_seconds, 4), cost=plan.cost, rho=plan.rho)
         else:
             caps = {g: float(self.prompt_list[g % self.P][2]) for g in gids}
             self.dispatcher.load_window([Ticket(g, caps[g]) for g in gids])
         self.window_index += 1
+
+    def _plan_window(self, gids: List[int]):
+        """Plan `gids` with the engine steps read so far (the online cost fit) and the measured rho."""
+        if self.cfg.asp.online_fit:
+            self._read_engine_steps()
+        return self.planner.plan(gids)
+
+    def _read_engine_steps(self) -> None:
+        """Hand the engine steps each live instance ran since the last read to the planner's cost fit."""
+        import ray
+
+        refs = {j: self.pool.handles[j].step_log.remote(self.step_cursor.get(j, 0)) for j in self.pool.live()}
+        for j, ref in refs.items():
+            try:
+                total, rows = ray.get(ref, timeout=30)
+            except Exception:  # noqa: BLE001 - a dead instance is the pool's to notice; its steps are lost
+                continue
+            if j in self.step_cursor and self.planner is not None:  # the first read only sets the cursor
+                self.planner.add_engine_steps(rows)
+            self.step_cursor[j] = int(total)
+
+    def _plan_ahead(self) -> None:
+        """Streaming asp: while the driver waits, plan the next window so that loading it later costs no
+        planning time; only once every group of the previous epoch of the window's prompts came back, so the
+        plan sees the same per-prompt history as at load time (docs/runtime.md "Planning each window")."""
+        if self.planner is None or self.mode != "asp" or self.prepared is not None or self.plan_file is not None:
+            return
+        window = self.cfg.asp.replan_every * self.M if self.cfg.asp.replan_every > 0 else self.P
+        size = min(window, self._needed_groups() - self.next_gid)
+        if size <= 0:
+            return
+        gids = list(range(self.next_gid, self.next_gid + size))
+        if any(g >= self.P and g - self.P not in self.spans for g in gids):
+            return  # a prompt's previous-epoch lengths are still coming: plan when the window is due
+        self.prepared = (gids, self._plan_window(gids))
+
+    def _write_engine_steps(self) -> None:
+        """engine_steps.jsonl: every engine step of the run per instance (active sequences, KV tokens, prefill
+        tokens, seconds), for fitting this machine's cost model afterwards (benchmarks/bench_runtime.py)."""
+        import json
+
+        import ray
+
+        from mindspeed_asp.atomic import write_text
+
+        lines = []
+        for j in self.pool.live():
+            try:
+                _, rows = ray.get(self.pool.handles[j].step_log.remote(self.step_start.get(j, 0)), timeout=30)
+            except Exception:  # noqa: BLE001 - an instance that died: its steps are lost
+                continue
+            lines.extend(json.dumps({"instance": j, "active": r[0], "kv_tokens": r[1], "prefill_tokens": r[2],
+                                     "step_time": r[3]}) for r in rows)
+        write_text(self.out / "engine_steps.jsonl", "\n".join(lines) + ("\n" if lines else ""))
 
     def _load_from_plan_file(self) -> None:
         """Epoch 0 of an asp run with `asp.plan_path`: the file's next iteration, queues as planned offline
@@ -401,7 +465,7 @@ class Driver:
         self.recorder.group(span)
         self.spans[gid] = span
         if self.planner is not None:
-            self.planner.observe(res.prompt_id, info.epoch, lengths, instance=j)
+            self.planner.observe(res.prompt_id, info.epoch, lengths, gid=gid, instance=j)
         self.results_by_gid[gid] = res
         self.queue.put(res, version=info.dispatch_version)
         return 1
@@ -415,7 +479,10 @@ class Driver:
     def _wait_idle(self) -> None:
         """Nothing arrived and nothing to train: sleep a poll interval, counting starved trainer time."""
         t0 = time.time()
-        time.sleep(POLL_S)
+        if self.prepared is None and self.planner is not None and self.cfg.asp.plan_ahead:
+            self._plan_ahead()  # planning now costs the loop nothing: nothing arrived, nothing to train
+        else:
+            time.sleep(POLL_S)
         rollout_active = self.dispatcher.in_flight_count() > 0
         if rollout_active:
             self.recorder.trainer_starved(t0 - self.recorder.t0, time.time() - self.recorder.t0)
@@ -449,6 +516,8 @@ class Driver:
         if self.version != step + 1:
             raise RunError(f"trainer version {self.version} after update {step}: versions must grow by one")
         t_end = time.time()
+        if self.planner is not None:  # trainer seconds of this update (train + sync), for the measured rho
+            self.planner.add_update((t_trained - t_ready) + float(sync.get("seconds", 0.0)))
         lags = self.queue.log_rows[-1].lags
         gids = [g.group_id.gid for g in batch]
         for g in gids:
@@ -456,12 +525,13 @@ class Driver:
         self.trained_gids.extend(gids)
         iter_s = t_end - self.t_last_step
         tokens = int(stats["tokens_total"])
+        devices = len(self.pool.live())
         rec = {
             "step": step, "version": self.version, "t_end": t_end - self.recorder.t0,
             "time/iteration": iter_s, "time/rollout": t_ready - self.t_last_step,
             "time/train": t_trained - t_ready, "time/weight_sync": sync.get("seconds", 0.0),
             "tokens/trained": tokens, "tokens/response": int(stats["tokens"]),
-            "throughput/e2e_tps": e2e_tps(tokens, iter_s, self.recorder.devices),
+            "throughput/e2e_tps": tokens / (devices * iter_s) if iter_s > 0 else 0.0,
             "reward/mean": float(np.mean([r for rs in rewards for r in rs])),
             "loss": float(stats["loss"]), "grad_norm": float(stats["grad_norm"]),
             "clip_frac": float(stats["clip_frac"]), "kl": float(stats["kl"]),
@@ -490,6 +560,7 @@ class Driver:
             self.recorder.decode_steps = steps
         if self.planner is not None:
             self.planner.save_history(self.out / "length_history.jsonl")
+        self._write_engine_steps()
         sync_s = [r["seconds"] for r in self.sync_rounds]
         extra = {
             "config": dump_config(self.cfg), "platform": self.platform.kind,
@@ -503,6 +574,7 @@ class Driver:
             "instances_alive": len(self.pool.live()),
             "instance_nodes": list(self.pool.nodes),
             "memory/peak_rss_gib": self.peak_rss,
+            "plan/windows": self.loaded_plans,  # asp: what each window was planned with, its queues and tags
             **self.queue.counters(),
             # a run stopped by SIGINT/SIGTERM before run.steps: partial, resumable from its checkpoint
             "interrupted": self.version < self.cfg.run.steps, "stop_signal": self.stop.requested_name,

@@ -50,6 +50,8 @@ from mindspeed_asp.runtime.ray_utils import actor_env
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, GroupResult, SampleResult
 from mindspeed_asp.runtime.weight_sync import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
 
+#: engine steps an instance keeps for `step_log` (the driver reads them once per plan window)
+STEP_LOG_MAX = 20000
 WORKER_EXTENSION = "mindspeed_asp.runtime.worker_extension.AspWorkerExtension"
 
 
@@ -116,6 +118,11 @@ class RolloutInstanceImpl:
         self._prefix_caching = False
         self._prefix_reset_pending = False
         self._req_counter = 0
+        # per engine step (active sequences, KV tokens, prefill tokens, seconds): the driver fits its cost
+        # model online from these (runtime/online_cost.py); bounded, read with `step_log(since)`
+        self._step_log: Deque[Tuple[int, int, int, float]] = collections.deque(maxlen=STEP_LOG_MAX)
+        self._step_count = 0
+        self._prefill_pending = 0
         self._stats = {"finished_total": 0, "busy_seconds": 0.0, "steps": 0, "generated_tokens": 0,
                        "stolen_in": 0, "stolen_out": 0, "weight_syncs": 0, "weight_sync_seconds": 0.0}
         self._start_info: Dict[str, Any] = {}
@@ -340,6 +347,7 @@ class RolloutInstanceImpl:
                 self._running[g.group_id] = _Running(g, t_enq, time.time(), stolen,
                                                      [_Sample() for _ in range(g.n)], g.n)
                 self._running_seqs += g.n
+                self._prefill_pending += g.n * len(g.prompt_token_ids)
             for i in range(g.n):
                 self._req_counter += 1
                 rid = f"{g.group_id}#{i}#{self._req_counter}"
@@ -357,17 +365,43 @@ class RolloutInstanceImpl:
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
                     continue
+                active, kv, prefill = self._step_load()
                 with self._engine_lock:
                     version = self._version
                     t0 = time.perf_counter()
                     outputs = self._engine.step()
                     dt = time.perf_counter() - t0
+                with self._lock:
+                    self._step_log.append((active, kv, prefill, dt))
+                    self._step_count += 1
                 self._collect(outputs, version, dt)
         except Exception as exc:  # surfaced through status() and drain_finished()
             import traceback
 
             with self._lock:
                 self._error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+
+    def _step_load(self) -> Tuple[int, int, int]:
+        """What the next engine step runs: sequences, KV tokens they hold, prompt tokens admitted since the
+        last step (its prefill)."""
+        with self._lock:
+            kv = 0
+            for run in self._running.values():
+                plen = len(run.req.prompt_token_ids)
+                kv += sum(plen + len(s.token_ids) for s in run.samples if s.finish_reason is None)
+            prefill, self._prefill_pending = self._prefill_pending, 0
+            return self._running_seqs, kv, prefill
+
+    def step_log(self, since: int = 0) -> Tuple[int, List[Tuple[int, int, int, float]]]:
+        """Engine steps numbered `since` and later still held: (next `since`, [(active, kv_tokens,
+        prefill_tokens, seconds)])."""
+        with self._lock:
+            total = self._step_count
+            held = len(self._step_log)
+            first = total - held
+            start = max(int(since), first)
+            rows = list(self._step_log)[start - first:]
+            return total, rows
 
     def _collect(self, outputs: Sequence[Any], version: int, dt: float) -> None:
         now = time.time()

@@ -5,10 +5,16 @@ Lines, the format `LengthHistory.append_rollout_log` reads) and to the in-memory
 dispatcher needs the next window, `WindowPlanner.plan` estimates that window's lengths from the history as it
 is now (so epoch e+1 is planned with what epoch e just showed, and the policy's length drift is followed)
 and asks the configured planner (docs/design.md section 4) for per-instance queues and minibatch tags.
+
+The plan is scored with the cost model and rho of the machine the run is on: the first window with the
+configured ones, every later window (with `asp.online_fit`) with the cost fitted from the engines' own steps
+and the rho measured from the run's own updates and windows (`runtime/online_cost.py`). Each window records
+what it was planned with (`WindowPlan.cost`, `.rho`, `.plan_seconds`).
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -17,6 +23,7 @@ import numpy as np
 
 from mindspeed_asp.config import AspSection
 from mindspeed_asp.cost_model import cost_from_section
+from mindspeed_asp.runtime.online_cost import CostEstimate, OnlineCostFit, RhoEstimate, RhoMeter
 from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem, PromptSet
 
 
@@ -30,6 +37,9 @@ class WindowPlan:
     planner: str
     with_history: int  # groups of this window whose prompt had history when planned
     params: Dict[str, float] = field(default_factory=dict)
+    cost: Dict[str, Any] = field(default_factory=dict)  # CostEstimate.as_dict() it was planned with
+    rho: Dict[str, Any] = field(default_factory=dict)  # RhoEstimate.as_dict() it was planned with
+    plan_seconds: float = 0.0  # wall time of estimating + planning this window
 
 
 class WindowPlanner:
@@ -56,31 +66,77 @@ class WindowPlanner:
         self.estimator = make_estimator(asp.estimator)
         self.planner = get_planner(asp.planner)
         self.cost = cost or cost_from_section(asp.cost)
+        self.online_cost = OnlineCostFit(self.cost)
+        self.rho_meter = RhoMeter(float(asp.rho or 1.0), asp.minibatch_groups, instances, asp.slots)
+        self._window_of: Dict[int, int] = {}  # gid -> index in self.windows (groups not yet back)
+        self._window_left: Dict[int, int] = {}  # window index -> groups not yet back
+        self._window_rows: Dict[int, Dict[int, List[int]]] = {}  # window index -> gid -> observed lengths
         self.rollout_log = Path(rollout_log) if rollout_log else None
         self.rng = np.random.default_rng(seed)
         self.observed = 0
         self.windows: List[WindowPlan] = []
 
-    def observe(self, prompt_id: str, epoch: int, lengths: Sequence[int], **extra) -> None:
-        """Record one finished group's response lengths (history + rollout log line)."""
+    def observe(self, prompt_id: str, epoch: int, lengths: Sequence[int], gid: Optional[int] = None,
+                **extra) -> None:
+        """Record one finished group's response lengths (history + rollout log line); with its `gid`, a
+        window whose groups are all back is measured for rho."""
         lengths = [int(x) for x in lengths]
         self.history.add(str(prompt_id), int(epoch), lengths)
         self.observed += 1
+        if gid is not None and int(gid) in self._window_of:
+            w = self._window_of.pop(int(gid))
+            self._window_rows[w][int(gid)] = lengths
+            self._window_left[w] -= 1
+            if self._window_left[w] == 0:
+                rows = self._window_rows.pop(w)
+                del self._window_left[w]
+                gids = sorted(rows)
+                P = len(self.prompts)
+                plen = np.asarray([self.prompts.prompt_lens[g % P] for g in gids], dtype=np.float64)
+                n = max(len(r) for r in rows.values())
+                L = np.zeros((len(gids), n))
+                for i, g in enumerate(gids):
+                    L[i, :len(rows[g])] = rows[g]
+                self.rho_meter.add_window(L, plen)
         if self.rollout_log is not None:
             with open(self.rollout_log, "a") as fh:
                 fh.write(json.dumps({"prompt_id": str(prompt_id), "epoch": int(epoch),
                                      "response_lengths": lengths, **extra}) + "\n")
 
-    def plan(self, gids: Sequence[int], rho: float = 1.0) -> WindowPlan:
-        """Estimate the window's lengths from the current history and place it on the instances."""
+    # ------------------------------------------------------------------ online cost and rho
+    def add_engine_steps(self, rows) -> int:
+        """Engine steps (active, kv_tokens, prefill_tokens, seconds) the instances ran since the last call."""
+        return self.online_cost.add_steps(rows)
+
+    def add_update(self, train_seconds: float) -> None:
+        """One optimizer update took `train_seconds` of trainer time."""
+        self.rho_meter.add_update(train_seconds)
+
+    def planning_inputs(self) -> "tuple[CostEstimate, RhoEstimate]":
+        """The cost and rho the next window is planned with: configured ones for the first window or without
+        `asp.online_fit`, else the online fit and the measured rho (each once it has data)."""
+        if not self.windows or not getattr(self.asp, "online_fit", False):
+            return (CostEstimate(self.cost, "configured"),
+                    RhoEstimate(float(self.asp.rho or 1.0), "configured"))
+        cost = self.online_cost.estimate()
+        return cost, self.rho_meter.estimate(cost.cost)
+
+    def plan(self, gids: Sequence[int], rho: Optional[float] = None) -> WindowPlan:
+        """Estimate the window's lengths from the current history and place it on the instances.
+
+        `rho` overrides the planning rho (tests); by default it is `planning_inputs()`'s."""
+        t0 = time.perf_counter()
+        cost_est, rho_est = self.planning_inputs()
+        if rho is not None:
+            rho_est = RhoEstimate(float(rho), "argument")
         P = len(self.prompts)
         rows = np.asarray([g % P for g in gids], dtype=np.int64)
         sub = self.prompts.subset(rows)
         est = self.estimator.estimate(sub, self.history if len(self.history) else None, self.max_new_tokens)
         problem = PlanningProblem(prompts=sub, estimate=est, instances=self.instances,
                                   spec=InstanceSpec(slots=self.asp.slots, kv_budget=self.asp.kv_budget_tokens),
-                                  minibatch=self.asp.minibatch_groups, cost=self.cost,
-                                  max_new_tokens=self.max_new_tokens, rho=float(self.asp.rho or rho),
+                                  minibatch=self.asp.minibatch_groups, cost=cost_est.cost,
+                                  max_new_tokens=self.max_new_tokens, rho=max(float(rho_est.rho), 1e-6),
                                   seed=int(self.rng.integers(1 << 31)), max_lag=int(self.asp.max_lag),
                                   work_stealing=bool(self.asp.work_stealing))
         assignment = self.planner(problem, self.rng)
@@ -91,8 +147,14 @@ class WindowPlanner:
             predicted_tokens={int(gids[i]): float(pred[i]) for i in range(len(gids))},
             minibatch={int(gids[i]): int(assignment.minibatch[i]) for i in range(len(gids))},
             planner=assignment.planner, with_history=int(np.sum(est.has_history)),
-            params=dict(assignment.params))
+            params=dict(assignment.params), cost=cost_est.as_dict(), rho=rho_est.as_dict(),
+            plan_seconds=time.perf_counter() - t0)
+        w = len(self.windows)
         self.windows.append(plan)
+        self._window_left[w] = len(gids)
+        self._window_rows[w] = {}
+        for g in gids:
+            self._window_of[int(g)] = w
         return plan
 
     def save_history(self, path: Path) -> None:
