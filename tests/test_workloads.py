@@ -224,7 +224,7 @@ def test_workload_from_spec_traces(tmp_path):
     path = tmp_path / "a.json"
     path.write_text(_alpaca_text([GOOD, dict(GOOD, id="2")]))
     wl = workload_from_spec(f"alpaca:{path}?target=t0.3")
-    assert wl.truth[:, 0].tolist() == [12, 12] and wl.max_new_tokens == 512
+    assert wl.truth[:, 0].tolist() == [12, 12] and wl.max_new_tokens == 13  # the longest length in the file
     assert workload_from_spec(f"alpaca:{path}?target=all").truth.shape == (2, 4)
     csv = tmp_path / "s.csv"
     csv.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n1,20,6\n")

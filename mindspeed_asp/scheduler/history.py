@@ -11,6 +11,9 @@ File formats, chosen by suffix:
 
 Rollout logs (what the runtime writes while it generates) are JSON Lines with one finished group per line:
 ``{"prompt_id": "17", "epoch": 3, "response_lengths": [812, 1033, ...], ...}``; other keys are ignored.
+A record (JSON Lines) or the Parquet schema metadata (``mindspeed_asp.max_new_tokens``) may declare the
+generation cap the lengths were produced under, ``"max_new_tokens": 16384``: it is kept as `declared_cap`, so a
+trace's cap comes from the file rather than from its longest length (workloads/traces.py).
 ``append_rollout_log`` merges them: lines with the same (prompt_id, epoch), for example a group split over
 instances or regenerated after a lag violation, are concatenated into one record. A saved history file must
 instead hold each (prompt_id, epoch) once; a duplicate there is reported with its line.
@@ -29,6 +32,7 @@ from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_jsonl_objects
 
 SCHEMA_VERSION = 1
+CAP_METADATA = "mindspeed_asp.max_new_tokens"  # Parquet schema metadata key of a declared generation cap
 PathLike = Union[str, Path]
 
 
@@ -75,6 +79,7 @@ class LengthHistory:
         self._values = np.zeros(0, dtype=np.int64)
         self._pending: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._index: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+        self.declared_cap: Optional[int] = None  # max_new_tokens the file declares, if it does
 
     # ------------------------------------------------------------------ building
     def add(self, prompt_id: str, epoch: int, lengths: Sequence[int]) -> None:
@@ -107,6 +112,8 @@ class LengthHistory:
         other._consolidate()
         self._pending.append((other._pid, other._epoch, other._offsets, other._values))
         self._index = None
+        if other.declared_cap is not None:  # the larger cap covers both
+            self.declared_cap = max(self.declared_cap or 0, other.declared_cap)
 
     def _consolidate(self) -> None:
         """Fold pending additions into the sorted, key-unique arrays (vectorised sort and merge)."""
@@ -262,6 +269,7 @@ class LengthHistory:
         out._epoch = self._epoch[rows]
         out._offsets = np.concatenate(([0], np.cumsum(self._offsets[rows + 1] - self._offsets[rows]))).astype(np.int64)
         out._values = self._values[_segment_gather(self._offsets, rows)]
+        out.declared_cap = self.declared_cap
         return out
 
     # ------------------------------------------------------------------ files
@@ -276,7 +284,10 @@ class LengthHistory:
             lengths = lengths.cast(pa.list_(pa.int64()))
         table = pa.table({"prompt_id": pa.array(self._pid.astype(str).tolist(), type=pa.string()),
                           "epoch": pa.array(self._epoch, type=pa.int64()), "lengths": lengths})
-        return table.replace_schema_metadata({"mindspeed_asp.length_history": str(SCHEMA_VERSION)})
+        meta = {"mindspeed_asp.length_history": str(SCHEMA_VERSION)}
+        if self.declared_cap is not None:
+            meta[CAP_METADATA] = str(int(self.declared_cap))
+        return table.replace_schema_metadata(meta)
 
     def save(self, path: PathLike) -> None:
         """Write to `.parquet` or `.jsonl` (chosen by suffix), atomically (temp file + rename): a run or a
@@ -294,8 +305,10 @@ class LengthHistory:
         with atomic_open(path) as fh:
             for r in range(len(self._pid)):
                 vals = self._values[self._offsets[r]:self._offsets[r + 1]].tolist()
-                fh.write(json.dumps({"prompt_id": str(self._pid[r]), "epoch": int(self._epoch[r]),
-                                     "lengths": vals}) + "\n")
+                rec = {"prompt_id": str(self._pid[r]), "epoch": int(self._epoch[r]), "lengths": vals}
+                if self.declared_cap is not None:
+                    rec["max_new_tokens"] = int(self.declared_cap)
+                fh.write(json.dumps(rec) + "\n")
 
     @classmethod
     def load(cls, path: PathLike) -> "LengthHistory":
@@ -324,13 +337,22 @@ class LengthHistory:
         counts: List[int] = []
         values: List[int] = []
         lines: List[int] = []
+        cap_line: Optional[Tuple[int, int]] = None  # (declared cap, first line declaring it)
         for lineno, rec in iter_jsonl_objects(path):
             pid, epoch, lens = _parse_record(rec, lengths_keys, str(path), lineno)
+            if "max_new_tokens" in rec:
+                cap = declared_cap_value(rec["max_new_tokens"], str(path), lineno)
+                if cap_line is not None and cap != cap_line[0]:
+                    raise InputError(f"max_new_tokens {cap} differs from {cap_line[0]} declared on line "
+                                     f"{cap_line[1]}", path=str(path), line=lineno, key="max_new_tokens")
+                cap_line = cap_line or (cap, lineno)
             pids.append(pid)
             epochs.append(epoch)
             counts.append(len(lens))
             values.extend(lens)
             lines.append(lineno)
+        if cap_line is not None:
+            self.declared_cap = max(self.declared_cap or 0, cap_line[0])
         if not pids:
             return 0
         pid_arr = np.array(pids, dtype=object)
@@ -353,6 +375,15 @@ class LengthHistory:
         for col in ("prompt_id", "epoch", "lengths"):
             if col not in table.column_names:
                 raise InputError("missing column", path=str(path), key=col)
+        meta = table.schema.metadata or {}
+        if CAP_METADATA.encode() in meta:
+            raw = meta[CAP_METADATA.encode()].decode("utf-8", "replace")
+            try:
+                cap = int(raw)
+            except ValueError:
+                raise InputError(f"schema metadata {CAP_METADATA} must be an integer, got {raw!r}",
+                                 path=str(path), key="max_new_tokens") from None
+            self.declared_cap = declared_cap_value(cap, str(path), None)
         pid_col = table.column("prompt_id").combine_chunks()
         if pid_col.null_count:
             row = int(np.flatnonzero(np.asarray(pid_col.is_null()))[0])
@@ -387,6 +418,14 @@ class LengthHistory:
         _check_unique_keys(pid, epoch, None, str(path))
         self._pending.append((pid, epoch, offsets, values))
         self._index = None
+
+
+def declared_cap_value(value, path: str, line: Optional[int]) -> int:
+    """A declared max_new_tokens, checked: a positive integer (errors name the file, line and key)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {value!r}", path=path, line=line,
+                         key="max_new_tokens")
+    return int(value)
 
 
 def _kind(path: Path) -> str:

@@ -12,13 +12,17 @@ Forms:
   no history) and ``?prompt_len=0``.
 - ``splitwise:<path>`` with optional ``?n=8`` (requests per group).
 - ``history:<path>`` (a history file or a runtime rollout log) with optional ``?epoch=E`` (the truth; default
-  the latest), ``n=8``, ``dataset=<prompts.jsonl>``, ``cap=4096`` (default: the largest length in the file):
-  back-tests on a real run, the epochs before E being the history.
+  the latest), ``n=8``, ``dataset=<prompts.jsonl>``: back-tests on a real run, the epochs before E being the
+  history.
+
+Every trace's max_new_tokens comes from the file (the cap it declares, else its longest length;
+workloads/traces.py); ``cap=`` overrides it (``alpaca:a.json?cap=4096``) and may not be below a length in the
+trace.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -85,6 +89,18 @@ def _synthetic_mode(opts: Dict[str, object]) -> str:
     return str(mode or "reasoning")
 
 
+def _resolved(trace, cap: Optional[int], spec: str) -> ResolvedWorkload:
+    """A loaded trace as a workload, its cap taken from the file unless `cap=` overrides it."""
+    if cap is None:
+        return ResolvedWorkload(trace.prompts, trace.history, trace.truth, int(trace.max_new_tokens), spec)
+    longest = int(max(trace.truth.max(initial=0), trace.history.max_length()))
+    if cap < 1:
+        raise InputError(f"cap must be >= 1, got {cap}", key="cap")
+    if cap < longest:
+        raise InputError(f"cap={cap} is below the longest length in the trace ({longest})", key="cap")
+    return ResolvedWorkload(trace.prompts, trace.history, trace.truth, int(cap), spec)
+
+
 def _split_path(rest: str) -> Tuple[str, str]:
     if "?" in rest:
         path, opts = rest.split("?", 1)
@@ -126,28 +142,25 @@ def workload_from_spec(spec: str) -> ResolvedWorkload:
             raise InputError(str(exc), key=spec) from None
         return ResolvedWorkload(wl.prompts, wl.history(epochs), wl.lengths(epochs), wl.max_new_tokens, spec)
     if kind == "alpaca":
-        from mindspeed_asp.workloads.traces import ALPACA_CAP, load_alpaca
+        from mindspeed_asp.workloads.traces import load_alpaca
 
         path, text = _split_path(rest)
-        opts = _parse_options(text, spec, {"target": str, "prompt_len": int})
+        opts = _parse_options(text, spec, {"target": str, "prompt_len": int, "cap": int})
         target = opts.get("target", "t0.7")
-        prompts, hist, truth = load_alpaca(path, target=None if target == "all" else str(target),
-                                           prompt_len=int(opts.get("prompt_len", 0)))
-        return ResolvedWorkload(prompts, hist, truth, ALPACA_CAP, spec)
+        trace = load_alpaca(path, target=None if target == "all" else str(target),
+                            prompt_len=int(opts.get("prompt_len", 0)))
+        return _resolved(trace, opts.get("cap"), spec)
     if kind == "splitwise":
         from mindspeed_asp.workloads.traces import load_splitwise
 
         path, text = _split_path(rest)
-        opts = _parse_options(text, spec, {"n": int})
-        prompts, hist, truth = load_splitwise(path, n=int(opts.get("n", 8)))
-        return ResolvedWorkload(prompts, hist, truth, int(max(truth.max(), 1)), spec)
+        opts = _parse_options(text, spec, {"n": int, "cap": int})
+        return _resolved(load_splitwise(path, n=int(opts.get("n", 8))), opts.get("cap"), spec)
     if kind == "history":
         from mindspeed_asp.workloads.traces import load_history_trace
 
         path, text = _split_path(rest)
         opts = _parse_options(text, spec, {"epoch": int, "n": int, "dataset": str, "cap": int})
-        prompts, hist, truth = load_history_trace(path, epoch=opts.get("epoch"), n=opts.get("n"),
-                                                  dataset=opts.get("dataset"))
-        cap = int(opts.get("cap", 0)) or int(max(truth.max(), hist.max_length() if len(hist) else 0, 1))
-        return ResolvedWorkload(prompts, hist, truth, cap, spec)
+        trace = load_history_trace(path, epoch=opts.get("epoch"), n=opts.get("n"), dataset=opts.get("dataset"))
+        return _resolved(trace, opts.get("cap"), spec)
     raise InputError(f"unknown workload kind {kind!r} (synthetic, alpaca, splitwise, history)", key=spec)

@@ -9,28 +9,58 @@
   so there is no history. Groups are n consecutive requests (in arrival order); a group's prompt length is
   the mean prefill of its members. A remainder of fewer than n requests at the end is left out, and a line
   on stderr says how many.
+
+The generation cap (max_new_tokens) of a trace comes from the data: the cap the file declares when it does (a
+``"max_new_tokens"`` key on the records of a JSON/JSON Lines trace, or the Parquet schema metadata of a history
+file), else the longest length in the file. A declared cap below a length in the file is an error.
 """
 from __future__ import annotations
 
 import csv
 import io
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple, Union
+from typing import Iterator, Optional, Tuple, Union
 
 import numpy as np
 
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_json_objects
 from mindspeed_asp.textfile import read_text
-from mindspeed_asp.scheduler.history import LengthHistory
+from mindspeed_asp.scheduler.history import LengthHistory, declared_cap_value
 from mindspeed_asp.types import PromptSet
 from mindspeed_asp.workloads.prompts import load_prompt_set
 
 PathLike = Union[str, Path]
 ALPACA_COLUMNS = ("t0.0", "t0.3", "t0.5", "t0.7")
-ALPACA_CAP = 512
 SPLITWISE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+
+
+@dataclass
+class LengthTrace:
+    """A loaded trace; unpacks as (prompts, history, truth) and carries the cap derived from the file."""
+
+    prompts: PromptSet
+    history: LengthHistory
+    truth: np.ndarray  # int64 [G, n]
+    max_new_tokens: int
+    cap_source: str  # "declared" (the file says so) or "observed" (the longest length in the file)
+
+    def __iter__(self) -> Iterator:
+        return iter((self.prompts, self.history, self.truth))
+
+
+def trace_cap(observed_max: int, declared: Optional[int], path: str) -> Tuple[int, str]:
+    """(max_new_tokens, source): the declared cap when there is one (checked against the data), else the
+    longest observed length (at least 1)."""
+    observed_max = int(max(observed_max, 1))
+    if declared is None:
+        return observed_max, "observed"
+    if observed_max > declared:
+        raise InputError(f"a length of {observed_max} exceeds the declared max_new_tokens {declared}", path=path,
+                         key="max_new_tokens")
+    return int(declared), "declared"
 
 
 def _length_value(rec: dict, key: str, path: str, line: int) -> int:
@@ -44,9 +74,9 @@ def _length_value(rec: dict, key: str, path: str, line: int) -> int:
     return int(v)
 
 
-def load_alpaca(path: PathLike, target: Optional[str] = "t0.7",
-                prompt_len: int = 0) -> Tuple[PromptSet, LengthHistory, np.ndarray]:
-    """Read the alpaca length trace as (prompts, history, truth).
+def load_alpaca(path: PathLike, target: Optional[str] = "t0.7", prompt_len: int = 0) -> LengthTrace:
+    """Read the alpaca length trace as (prompts, history, truth), with its cap (`max_new_tokens` on the
+    records, or the longest of all four columns).
 
     With `target` one of t0.0/t0.3/t0.5/t0.7 the truth is that column, [G, 1], and the history holds the
     other three as epochs 0..2 (n = 1 each). With `target=None` the truth is all four columns, [G, 4]
@@ -62,7 +92,14 @@ def load_alpaca(path: PathLike, target: Optional[str] = "t0.7",
     ids = []
     rows = []
     seen = {}
+    declared: Optional[Tuple[int, int]] = None  # (cap, line)
     for line, rec in iter_json_objects(path):
+        if "max_new_tokens" in rec:
+            cap = declared_cap_value(rec["max_new_tokens"], spath, line)
+            if declared is not None and cap != declared[0]:
+                raise InputError(f"max_new_tokens {cap} differs from {declared[0]} declared on line {declared[1]}",
+                                 path=spath, line=line, key="max_new_tokens")
+            declared = declared or (cap, line)
         if "id" not in rec:
             raise InputError("missing column", path=spath, line=line, key="id")
         pid = str(rec["id"])
@@ -76,20 +113,23 @@ def load_alpaca(path: PathLike, target: Optional[str] = "t0.7",
         raise InputError("no records in file", path=spath)
     lengths = np.array(rows, dtype=np.int64)
     pid_arr = np.array(ids, dtype=object)
+    cap, source = trace_cap(int(lengths.max()), declared[0] if declared else None, spath)
     hist = LengthHistory()
+    hist.declared_cap = declared[0] if declared else None
     if target is None:
         prompts = PromptSet(pid_arr, np.full(len(ids), prompt_len, dtype=np.int64), n=4, origin=spath)
-        return prompts, hist, lengths
+        return LengthTrace(prompts, hist, lengths, cap, source)
     t = ALPACA_COLUMNS.index(target)
     others = [k for k in range(len(ALPACA_COLUMNS)) if k != t]
     for epoch, k in enumerate(others):
         hist.add_epoch(pid_arr, epoch, lengths[:, k:k + 1])
     prompts = PromptSet(pid_arr, np.full(len(ids), prompt_len, dtype=np.int64), n=1, origin=spath)
-    return prompts, hist, lengths[:, t:t + 1].copy()
+    return LengthTrace(prompts, hist, lengths[:, t:t + 1].copy(), cap, source)
 
 
-def load_splitwise(path: PathLike, n: int = 8) -> Tuple[PromptSet, LengthHistory, np.ndarray]:
-    """Read the splitwise CSV as (prompts, empty history, truth [G, n]) with groups of n consecutive requests."""
+def load_splitwise(path: PathLike, n: int = 8) -> LengthTrace:
+    """Read the splitwise CSV as (prompts, empty history, truth [G, n]) with groups of n consecutive requests;
+    its cap is the longest decode length in the file (requests left out included)."""
     if n < 1:
         raise InputError("n must be >= 1", key="n")
     spath = str(path)
@@ -134,7 +174,8 @@ def load_splitwise(path: PathLike, n: int = 8) -> Tuple[PromptSet, LengthHistory
     ids = np.array([f"splitwise-{g}" for g in range(G)], dtype=object)
     if left:
         print(f"{spath}: last {left} requests do not fill a group of n={n}; left out", file=sys.stderr)
-    return PromptSet(ids, plen, n=n, origin=spath), LengthHistory(), truth
+    cap, source = trace_cap(max(decode), None, spath)
+    return LengthTrace(PromptSet(ids, plen, n=n, origin=spath), LengthHistory(), truth, cap, source)
 
 
 def read_history_any(path: PathLike) -> LengthHistory:
@@ -153,9 +194,10 @@ def read_history_any(path: PathLike) -> LengthHistory:
 
 
 def load_history_trace(path: PathLike, epoch: Optional[int] = None, n: Optional[int] = None,
-                       dataset: Optional[PathLike] = None) -> Tuple[PromptSet, LengthHistory, np.ndarray]:
+                       dataset: Optional[PathLike] = None) -> LengthTrace:
     """Back-test on a real run: epoch `epoch` (default the latest) of a history or rollout log is the truth,
-    the epochs before it are the history.
+    the epochs before it are the history. The cap is the one the file declares, else its longest length
+    (all epochs).
 
     Groups are the prompts with at least n samples at that epoch (n defaults to the most common group size
     there; extra samples beyond n are ignored, prompts with fewer are left out with a note on stderr). With
@@ -197,4 +239,5 @@ def load_history_trace(path: PathLike, epoch: Optional[int] = None, n: Optional[
     else:
         prompts = PromptSet(np.asarray(ids, dtype=object)[keep], np.zeros(len(keep), dtype=np.int64), n=n,
                             origin=spath)
-    return prompts, full.select_epochs(before=e), mat[keep]
+    cap, source = trace_cap(full.max_length(), full.declared_cap, spath)
+    return LengthTrace(prompts, full.select_epochs(before=e), mat[keep], cap, source)
