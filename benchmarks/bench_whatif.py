@@ -267,10 +267,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--runs", default=None, help="directory of CPU run directories to validate against")
     ap.add_argument("--no-refine", action="store_true", help="skip the asp full-search re-simulation")
     ap.add_argument("--only", default="paper,configs,sensitivity,validation")
+    ap.add_argument("--reuse-from", default=None, help="a previous results file: the simulated parts not in "
+                    "--only are copied from it (its date and commit are recorded under `reused`)")
     args = ap.parse_args(argv)
     parts = set(args.only.split(","))
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     result: Dict[str, Any] = {"lags": list(LAGS), "paper_ratio": PAPER_RATIO, "seeds": seeds}
+    if args.reuse_from:
+        old = json.loads(Path(args.reuse_from).read_text())
+        copied = [k for k in ("paper", "configs", "sensitivity") if k in old and k not in parts]
+        result.update({k: old[k] for k in copied})
+        result["seeds"] = old.get("seeds", seeds) if "paper" in copied else seeds
+        result["reused"] = {"parts": copied, "measured_at": old.get("measured_at"), "commit": old.get("commit"),
+                            "command": old.get("command")}
     t0 = time.perf_counter()
     if "paper" in parts:
         result["paper"] = paper_setting(seeds, refine=not args.no_refine)

@@ -537,6 +537,10 @@ def whatif(d: Json) -> str:
     out: List[str] = []
     lags = d["lags"]
     paper = d.get("paper", {})
+    if d.get("reused"):
+        r = d["reused"]
+        out += [f"The {', '.join(r['parts'])} figures were measured {r['measured_at']} at commit {r['commit']} "
+                f"(`{r['command']}`) and copied into this results file by the run above.", ""]
     for model, p in paper.items():
         s = p["setting"]
         out += [f"**{model}, {s['devices']} {s['device']} devices, TP{s['tp']}** ({s['window_groups']} prompts x "

@@ -69,6 +69,9 @@ def test_colocated_iteration_by_hand():
     assert res.window_s == pytest.approx(expect)
     assert res.e2e_tps == pytest.approx(tokens / (4 * expect))  # all devices in the denominator
     assert res.sync_s == 3.0 and res.lag_max == 0
+    assert res.rho_stock == pytest.approx((tokens * 1e-3 / 4) / (L * 0.02 / 2))  # stock-relative rho
+    assert cm.Split(devices=4, tp=2).device_count().total == 4  # colocated devices counted once
+    assert cm.Split(devices=6, tp=2, rollout_devices=4).device_count().total == 6
 
 
 def test_stream_max_lag_0_by_hand_and_steady_window():

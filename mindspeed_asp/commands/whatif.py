@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import List
 
 from mindspeed_asp.argtypes import nonneg_float, positive_float, positive_int
 

@@ -270,6 +270,9 @@ def summarize(s: Setting, rows: List[Dict[str, object]], max_lags: Sequence[int]
     own split stands (its e2e_tps over the best at its max_lag)."""
     best = cm.best_per_bound(rows, max_lags)
     out: Dict[str, object] = {"best_per_bound": best}
+    stock = [r for r in rows if r["mode"] == "colocated"]
+    if stock:
+        out["colocated"] = {k: stock[0][k] for k in ("e2e_tps", "window_s", "rollout_s", "train_s", "rho_stock")}
     cs = s.config_split
     if cs and not cs.get("colocated"):
         mine = [r for r in rows if r["mode"] == "asp" and r["rollout_devices"] == cs["rollout_devices"]
@@ -305,7 +308,13 @@ def with_overrides(s: Setting, **kw) -> Setting:
 
 def format_best(summary: Dict[str, object]) -> str:
     """The answer: per staleness bound, the best configuration and its speed-up over colocated stock."""
-    lines = ["best per staleness bound (steady-state e2e_tps, all devices):"]
+    lines = []
+    if summary.get("colocated"):
+        c = summary["colocated"]
+        lines.append(f"colocated stock: {c['e2e_tps']:.1f} tokens/s/device, {c['window_s']:.1f} s per iteration "
+                     f"({c['rollout_s']:.1f} s rollout, {c['train_s']:.1f} s train), rho_stock "
+                     f"{c['rho_stock']:.2f} (train / rollout time)")
+    lines.append("best per staleness bound (steady-state e2e_tps, all devices):")
     for b in summary["best_per_bound"]:  # type: ignore[union-attr]
         r = b["best"]
         lines.append(f"  max_lag <= {b['bound']}: {r['planner']} with {r['rollout_devices']} rollout + "

@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.metrics import DeviceCount, colocated_devices, e2e_tps, rho_stock, split_devices
 from mindspeed_asp.sim.metrics import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
@@ -121,6 +122,12 @@ class Split:
     def trainer_devices(self) -> int:
         return self.devices if self.colocated else self.devices - int(self.rollout_devices)
 
+    def device_count(self) -> DeviceCount:
+        """The project's e2e_tps denominator (mindspeed_asp/metrics.py): all N devices either way."""
+        if self.colocated:
+            return colocated_devices(self.devices)
+        return split_devices(self.instances, self.tp, self.trainer_devices)
+
 
 @dataclass
 class Windows:
@@ -188,6 +195,7 @@ class ClusterResult:
     steals: float
     instance_idle: float  # share of instance-time not generating over the whole run
     planner: str = ""
+    rho_stock: float = float("nan")  # barrier modes: train time / rollout time of a window (metrics.rho_stock)
 
     def row(self) -> Dict[str, object]:
         s = self.split
@@ -197,7 +205,7 @@ class ClusterResult:
                 "window_s": self.window_s, "fill_s": self.fill_s, "drain_s": self.drain_s, "total_s": self.total_s,
                 "windows": self.windows, "steady_windows": self.steady_windows, "rollout_s": self.rollout_s,
                 "train_s": self.train_s, "sync_s": self.sync_s, "lag_max": self.lag_max, "lag_mean": self.lag_mean,
-                "steals": self.steals, "instance_idle": self.instance_idle}
+                "steals": self.steals, "instance_idle": self.instance_idle, "rho_stock": self.rho_stock}
 
 
 def _problem(wins: Windows, split: Split, spec: InstanceSpec, cost: CostModel, max_lag: int, rho: float,
@@ -235,7 +243,8 @@ def simulate_barrier(model: ClusterModel, wins: Windows, split: Split, plan: Pla
     steady = float(np.sum([times[w] for w in mid]))
     tokens = float(np.sum([wins.window(w).tokens() for w in mid]))
     return ClusterResult(mode="colocated" if coloc else "stock_split", split=split, max_lag=0,
-                         e2e_tps=tokens / (split.devices * steady), window_s=steady / len(mid), fill_s=0.0,
+                         e2e_tps=e2e_tps(tokens, steady, split.device_count()), window_s=steady / len(mid),
+                         fill_s=0.0, rho_stock=rho_stock(float(np.mean(trains)), float(np.mean(rollouts))),
                          drain_s=0.0, total_s=total, windows=K, steady_windows=len(mid),
                          rollout_s=float(np.mean(rollouts)), train_s=float(np.mean(trains)), sync_s=sync,
                          lag_max=float(lag.max()), lag_mean=float(lag.mean()), steals=0.0,
@@ -289,7 +298,8 @@ def simulate_stream(model: ClusterModel, wins: Windows, split: Split, mode: str,
     total = float(res.metrics["time/iteration"])
     steady_w = K - 1 - skip
     busy = float(res.trace.busy.sum())
-    return ClusterResult(mode=mode, split=split, max_lag=max_lag, e2e_tps=tokens / (split.devices * steady),
+    return ClusterResult(mode=mode, split=split, max_lag=max_lag,
+                         e2e_tps=e2e_tps(tokens, steady, split.device_count()),
                          window_s=steady / steady_w, fill_s=float(end[u1 - 1]), drain_s=total - float(end[u2 - 1]),
                          total_s=total, windows=K, steady_windows=steady_w,
                          rollout_s=float(res.metrics["time/rollout"]) / K, train_s=res.metrics["time/train"] / K,
