@@ -116,6 +116,13 @@ def test_mindspeed_rl_log_file_is_read_by_the_log_reader(tmp_path):
     assert runs[0]["name"] == "stock_mindspeed.log"
     # ratio column against the log's run: asp's iteration time 5 s vs 12 s
     assert "(x2.40)" in table
+    assert "stock_mindspeed.log MindSpeed-RL's world size (not in the log)" in table  # the same definition
+    assert "warning" not in table
+    asp_log = tmp_path / "asp_mindspeed.log"
+    asp_log.write_text("[2026-04-22 10:00:01] iteration: 1 / 3 | timing/all : 10.0 | e2e_tps : 100.0 | "
+                       "asp/devices : 16.0 | lag/mean : 0.5\n")
+    table, _ = compare_runs([log, asp_log])
+    assert "asp_mindspeed.log 16 (MindSpeed-RL's world size)" in table
 
 
 def test_offpolicy_metrics_summarised_and_compared(tmp_path):

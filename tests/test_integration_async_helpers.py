@@ -30,13 +30,19 @@ def test_rows_follow_msrl_layout():
 
 def test_iteration_metrics_names_and_values():
     gs = [group(0, 1, inst=0, start=100.0, end=110.0), group(1, 1, inst=1, start=100.0, end=105.0)]
+    from mindspeed_asp.metrics import colocated_devices, split_devices
+
+    # 2 rollout instances x TP 2 beside 4 trainer NPUs: 8 devices in e2e_tps (docs/design.md section 5)
     m = iteration_metrics(gs, [0, 0, 1, 1], max_lag=1, instances=2, t_iter=20.0, wait_s=5.0, sync_s=1.0,
-                          total_npus=4)
+                          devices=split_devices(2, 2, 4))
     assert m["bubble/skewness"] == pytest.approx(1 - 7.5 / 10)
     assert m["bubble/sorting"] == pytest.approx(0.25)
     assert m["lag/max"] == 1 and m["lag/mean"] == pytest.approx(0.5) and m["lag/frac_over_bound"] == 0
     tokens = 2 * (2 * 2 + 8)
-    assert m["throughput/e2e_tps"] == pytest.approx(tokens / (4 * 20.0))
+    assert m["throughput/e2e_tps"] == pytest.approx(tokens / (8 * 20.0))
+    colo = iteration_metrics(gs, [0, 0, 1, 1], max_lag=1, instances=2, t_iter=20.0, wait_s=5.0, sync_s=1.0,
+                             devices=colocated_devices(4))
+    assert colo["throughput/e2e_tps"] == pytest.approx(tokens / (4 * 20.0))  # colocated: its 4 NPUs once
     assert m["time/rollout"] == pytest.approx(10.0) and m["time/weight_sync"] == 1.0
     assert m["lag/token_weighted_mean"] == pytest.approx(0.5)  # both groups carry 8 tokens
 

@@ -34,6 +34,9 @@ def test_config_asp_section_and_topology(name, monkeypatch):
     train, rollout, inst, tp, separate = EXPECTED[name]
     assert (topo.train_npus, topo.rollout_npus, topo.instances, topo.infer_tp, topo.separate_pool) == \
         (train, rollout, inst, tp, separate)
+    # e2e_tps' devices: trainer + the separate pool, or the colocated NPUs once (docs/design.md section 5)
+    assert topo.devices.total == topo.total_npus == train + rollout
+    assert topo.devices.layout == ("split" if separate else "colocated")
     assert topo.asp.minibatch_groups == topo.gbs
     assert topo.guarantee_order
     raw = yaml.safe_load(path.read_text())

@@ -194,7 +194,9 @@ def devices_notes(runs: Sequence[Dict[str, Any]]) -> List[str]:
         if d is not None:
             parts.append(f"{name} {d.describe()}")
         elif r.get("source") == MSRL_SOURCE:
-            parts.append(f"{name} MindSpeed-RL's world size (not in the log)")
+            n = r.get("asp/devices")  # logged by ASP's asynchronous fit; stock MindSpeed-RL logs no count
+            parts.append(f"{name} {int(n)} (MindSpeed-RL's world size)" if isinstance(n, (int, float)) and n > 0
+                         else f"{name} MindSpeed-RL's world size (not in the log)")
         else:
             parts.append(f"{name} unknown")
             old.append(name)

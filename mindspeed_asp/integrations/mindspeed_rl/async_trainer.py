@@ -100,9 +100,12 @@ def rollout_span(groups: Sequence[GroupResult]) -> float:
 
 
 def iteration_metrics(groups: Sequence[GroupResult], lags: Sequence[int], max_lag: int, instances: int,
-                      t_iter: float, wait_s: float, sync_s: float, total_npus: int) -> Dict[str, float]:
-    """ASP's metrics of one iteration from the trained groups (lag statistics as the runtime computes them)."""
-    from mindspeed_asp.metrics import lag_stats
+                      t_iter: float, wait_s: float, sync_s: float, devices: Any) -> Dict[str, float]:
+    """ASP's metrics of one iteration from the trained groups (lag statistics as the runtime computes them).
+
+    `devices`: the topology's `DeviceCount` (or a plain count); `throughput/e2e_tps` is
+    `mindspeed_asp.metrics.e2e_tps` over it, the number MindSpeed-RL's own `e2e_tps` divides by here too."""
+    from mindspeed_asp.metrics import e2e_tps, lag_stats
     from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, GroupSpan, group_skewness, token_weighted_lag
     spans = [GroupSpan(g.instance, int(g.group_id), g.t_enqueued, g.t_started, g.t_finished,
                        len(g.prompt_token_ids) * len(g.samples), g.response_tokens,
@@ -116,7 +119,7 @@ def iteration_metrics(groups: Sequence[GroupResult], lags: Sequence[int], max_la
         "bubble/skewness": sk["skew"], "bubble/after90": sk["after90"],
         "bubble/sorting": wait_s / t_iter if t_iter > 0 else 0.0,
         "time/iteration": t_iter, "time/rollout": rollout_span(groups), "time/weight_sync": sync_s,
-        "throughput/e2e_tps": tokens / (total_npus * t_iter) if t_iter > 0 else 0.0,
+        "throughput/e2e_tps": e2e_tps(tokens, t_iter, devices),
     }
 
 
@@ -529,9 +532,10 @@ def asp_fit(self, data_iters: Any) -> None:
         metrics.update("vllm_tps", compute_tps(tps_kwargs, grpo_data_metrics, gbs, n,
                                                max(rollout_span(groups), 1e-9), lmt))
         asp_m = iteration_metrics(groups, got["lags"], topo.asp.max_lag, topo.asp.instances, all_timer.last,
-                                  got["wait_s"], sync["time/weight_sync"], topo.total_npus)
+                                  got["wait_s"], sync["time/weight_sync"], topo.devices)
         asp_m.update({f"asp/{k}": float(v) for k, v in got.get("counters", {}).items()})
         asp_m["asp/policy_version"] = float(run.version)
+        asp_m["asp/devices"] = float(topo.devices.total)  # e2e_tps' denominator, for `asp compare`
         asp_m["asp/sync_readback"] = sync["asp/sync_readback"]
         metrics.update(value=asp_m)
         iteration += 1

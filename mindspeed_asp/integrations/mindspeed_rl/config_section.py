@@ -20,6 +20,7 @@ from pydantic import Field
 
 from mindspeed_asp.config import AspSection, read_yaml, validate_section
 from mindspeed_asp.errors import ConfigError, InputError
+from mindspeed_asp.metrics import DeviceCount, colocated_devices, split_devices
 
 CONFIG_ENV = "ASP_MSRL_CONFIG"  # path of the training YAML; exported before `ray start` by shell/ scripts
 MSRL_SECTIONS = ("megatron_training", "actor_config", "rl_config", "generate_config")
@@ -104,9 +105,17 @@ class MsrlTopology:
         return self.asp.instances * self.infer_tp if self.separate_pool else 0
 
     @property
+    def devices(self) -> DeviceCount:
+        """The devices the run uses, as e2e_tps counts them (docs/design.md section 5): a separate rollout pool
+        (instances x infer_tp) beside the trainer's NPUs, or the trainer's NPUs once when rollout is colocated."""
+        if self.separate_pool:
+            return split_devices(self.asp.instances, self.infer_tp, self.train_npus)
+        return colocated_devices(self.train_npus)
+
+    @property
     def total_npus(self) -> int:
         """Devices in MindSpeed-RL's e2e_tps denominator: trainer plus the separate rollout pool."""
-        return self.train_npus + self.rollout_npus
+        return self.devices.total
 
 
 _ENV_REF = re.compile(r"^\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,(.*))?\}$")
