@@ -50,8 +50,13 @@ SELECT_MIN_INSTANCES = 4  # ... on at least this many instances (or all of them 
 # simulated sequence on one core, docs/scheduler.md section 2): every candidate x scenario on the whole window
 # when it fits, else the subsample, then the FULL_TOP best of the subsample (and the baselines' own plans
 # when they fit too) on the whole window.
-SIM_SEQ_FULL = 120_000
+SIM_SEQ_FULL = 200_000
 FULL_TOP = 3
+# The best REFINE_TOP candidates get REFINE_SCENARIOS more scenarios before the final pick: with 2 scenarios
+# the minimum over ~13 candidates is often a lucky draw (a long-CoT window lost 2.7% that way; with 6 it
+# picked the truly best), and only the front runners need the extra precision.
+REFINE_TOP = 4
+REFINE_SCENARIOS = 4
 # Every simple baseline's own plan is a candidate (placement, order, no tags): with exact lengths and the
 # whole window scored, ASP is then never behind any of them in the regime it scores.
 BASELINE_ORDERS = ("sorted_desc", "lpt", "verl_kk", "round_robin", "sorted_asc", "least_loaded")
@@ -366,7 +371,8 @@ def _scoring_spec(problem: PlanningProblem, lengths: np.ndarray) -> PlanningProb
 
 
 def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Generator,
-           lengths: Optional[np.ndarray] = None) -> Tuple[List[Tuple[float, float, float, float]], float, int,
+           lengths: Optional[np.ndarray] = None,
+           train_orders: Optional[List[np.ndarray]] = None) -> Tuple[List[Tuple[float, float, float, float]], float, int,
                                                           np.ndarray]:
     """(mean e2e, p90 e2e, mean rollout, mean KV preemptions) of every candidate over sampled scenarios.
 
@@ -377,7 +383,8 @@ def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Gen
     true lengths); every candidate sees the same scenarios (common random numbers). Small windows get more
     scenarios (`scenario_count`); an oracle estimate gives its one exact scenario.
     Returns the scores, the evaluator code (2 = simulator), the number of scenarios and the scenarios (pass
-    them back to score more candidates on the same draws).
+    them back to score more candidates on the same draws). `train_orders`, when given, receives each
+    candidate's training order (groups in update order) in the first scenario.
     """
     gm = group_moments(problem)
     r_hat = rollout_lower_bound(gm, problem.instances, problem.cost, kv_budget=problem.spec.kv_budget)
@@ -398,6 +405,8 @@ def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Gen
             e2e.append(res.metrics["time/iteration"])
             rollout.append(res.metrics["time/rollout"])
             pre.append(res.metrics["rollout/preemptions"])
+            if train_orders is not None and len(e2e) == 1:
+                train_orders.append(res.mb_group_ids)
         out.append((float(np.mean(e2e)), float(np.percentile(e2e, 90)), float(np.mean(rollout)),
                     float(np.mean(pre))))
     return out, 2.0, lengths.shape[0], lengths
@@ -433,6 +442,7 @@ class _Search:
         self.cands: List[Assignment] = []
         self.scores: List[Tuple[float, float, float, float]] = []
         self.lengths: Optional[np.ndarray] = None
+        self.train_orders: List[np.ndarray] = []
         self.how, self.k = 0.0, 0
 
     def make(self, key: Key) -> Assignment:
@@ -449,13 +459,45 @@ class _Search:
         if not new_keys:
             return
         new = [self.make(k) for k in new_keys]
-        sc, self.how, self.k, self.lengths = _score(self.problem, new, self.rng, self.lengths)
+        sc, self.how, self.k, self.lengths = _score(self.problem, new, self.rng, self.lengths,
+                                                    train_orders=self.train_orders)
         self.cands.extend(new)
         self.keys.extend(new_keys)
         self.scores.extend(sc)
 
     def ranked(self) -> List[int]:
         return sorted(range(len(self.keys)), key=lambda i: self.scores[i][0])
+
+    def refine(self, top: int, extra: int) -> None:
+        """Score the `top` best candidates on `extra` fresh scenarios (shared among them) and replace their
+        scores by the mean over all their scenarios; the others keep theirs (they are out of the race)."""
+        if extra <= 0 or self.problem.estimate.samples is not None or self.lengths is None:
+            return
+        idx = self.ranked()[:top]
+        fresh = scenarios.sample_scenarios(self.problem, extra, self.rng)
+        sc, _, _, _ = _score(self.problem, [self.cands[i] for i in idx], self.rng, fresh)
+        k0 = self.lengths.shape[0]
+        for i, new in zip(idx, sc):
+            old = self.scores[i]
+            w0, w1 = k0 / (k0 + extra), extra / (k0 + extra)
+            self.scores[i] = (w0 * old[0] + w1 * new[0], max(old[1], new[1]), w0 * old[2] + w1 * new[2],
+                              w0 * old[3] + w1 * new[3])
+        self.k = k0 + extra
+
+    def winner(self, i: int) -> Assignment:
+        """Candidate i as the plan: a baseline's own (untagged) plan gets tags that number its groups in the
+        training order its first scenario simulated (update k trains the groups tagged k), so the plan keeps
+        ASP's tagged format and, with exact lengths, trains exactly as the untagged baseline it was scored as."""
+        a = self.cands[i]
+        if a.params.get("theta") == BASELINE_OWN_THETA:
+            order = np.asarray(self.train_orders[i], dtype=np.int64)
+            G = len(self.problem.prompts)
+            tags = np.full(G, -1, dtype=np.int64)
+            tags[order] = np.arange(len(order)) // self.problem.minibatch
+            tags[tags < 0] = (len(order) + self.problem.minibatch - 1) // self.problem.minibatch
+            a.minibatch = tags
+            a.params["tags_from_scored_order"] = 1.0
+        return a
 
     def info(self, i: int) -> Dict[str, float]:
         sc = self.scores[i]
@@ -513,7 +555,8 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
         a.validate(G)
         return a
     seqs = G * problem.prompts.n
-    full = seqs * scenario_count(problem) * n_cands <= SIM_SEQ_FULL
+    refine = 0 if problem.estimate.samples is not None else REFINE_SCENARIOS
+    full = seqs * (scenario_count(problem) * n_cands + REFINE_TOP * refine) <= SIM_SEQ_FULL
     sel = problem if full else _selection_problem(problem, rng, gm)
     search = _Search(sel, name, rng, thetas if blt else ())
     # Stage 1: the balances, each with the first BLT rule, and the baselines' own plans; stage 2: the other
@@ -526,16 +569,17 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
     if blt_idx:
         best_theta = search.keys[min(blt_idx, key=lambda i: search.scores[i][0])][0]
         search.score([(best_theta, r, e) for r in blt for e in (epss if r == "curve" else (0.0,))])
+    search.refine(REFINE_TOP, refine)
     ranked = search.ranked()
     if sel is problem:
-        a = search.cands[ranked[0]]
+        a = search.winner(ranked[0])
         a.params.update(search.info(ranked[0]))
         a.params["selection_scope"] = SCOPES["full"]
         a.validate(G)
         return a
     # Subsample: its best few (and, when they fit, the baselines' own plans) on the whole window.
     top = [search.keys[i] for i in ranked[:FULL_TOP]]
-    k_full = scenario_count(problem)
+    k_full = scenario_count(problem) + refine
     if seqs * k_full * len(top) <= SIM_SEQ_FULL:
         extra = [(BASELINE_OWN_THETA, r, 0.0) for r in base if (BASELINE_OWN_THETA, r, 0.0) not in top]
         if seqs * k_full * (len(top) + len(extra)) <= SIM_SEQ_FULL:
@@ -543,8 +587,9 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
         whole = _Search(problem, name, rng, ())
         whole.gm = gm
         whole.score(top)
+        whole.refine(len(top), refine)
         best = whole.ranked()[0]
-        a = whole.cands[best]
+        a = whole.winner(best)
         info = whole.info(best)
         info.update({"candidates": float(len(search.cands) + len(top)), "selection_groups": float(len(sel.prompts)),
                      "selection_scope": SCOPES["subsample+full_top"], "full_candidates": float(len(top))})
@@ -554,8 +599,8 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
     theta, rule, eps_base = search.keys[ranked[0]]
     info = search.info(ranked[0])
     info["selection_scope"] = SCOPES["subsample"]
-    if rule in BASELINE_ORDERS:
-        a = baseline_candidate(problem, rule, rng, name, gm, tagged=theta == BASELINE_THETA)
+    if rule in BASELINE_ORDERS:  # no simulation of the whole window to take a training order from
+        a = baseline_candidate(problem, rule, rng, name, gm, tagged=True)
     else:
         owner, binfo = balance(gm, problem, theta)
         a = build_candidate(problem, gm, owner, binfo, theta, rule, eps_base, name, rng)
