@@ -36,6 +36,7 @@ import numpy as np
 from mindspeed_asp.errors import RunError
 from mindspeed_asp.run_report import StartupProgress
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
+from mindspeed_asp.metrics import e2e_tps, split_devices
 from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_fields
 from mindspeed_asp.runtime.ray_utils import RaySession
 from mindspeed_asp.runtime.rollout_pool import RolloutPool
@@ -164,9 +165,11 @@ class Driver:
         capacity = None if self.mode == "stock" else max(1, math.ceil(cfg.asp.slots / cfg.data.n)) + 1
         self.dispatcher = Dispatcher(MODE_POLICY[self.mode], cfg.asp.instances, capacity=capacity,
                                      work_stealing=cfg.asp.work_stealing, clock=time.time, lag=self.policy)
+        # e2e_tps over every device the run uses: one per instance plus the trainer's (docs/design.md section 5)
         self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
                                     minibatch_groups=self.M, max_lag=self.max_lag, clock=time.time,
-                                    target_reward=cfg.run.target_reward)
+                                    target_reward=cfg.run.target_reward,
+                                    devices=split_devices(cfg.asp.instances, 1, cfg.trainer.devices))
         if self.mode == "asp" and cfg.asp.plan_path:
             from mindspeed_asp.scheduler.plan import DispatchPlan
 
@@ -525,13 +528,12 @@ class Driver:
         self.trained_gids.extend(gids)
         iter_s = t_end - self.t_last_step
         tokens = int(stats["tokens_total"])
-        devices = len(self.pool.live())
         rec = {
             "step": step, "version": self.version, "t_end": t_end - self.recorder.t0,
             "time/iteration": iter_s, "time/rollout": t_ready - self.t_last_step,
             "time/train": t_trained - t_ready, "time/weight_sync": sync.get("seconds", 0.0),
             "tokens/trained": tokens, "tokens/response": int(stats["tokens"]),
-            "throughput/e2e_tps": tokens / (devices * iter_s) if iter_s > 0 else 0.0,
+            "throughput/e2e_tps": e2e_tps(tokens, iter_s, self.recorder.devices),
             "reward/mean": float(np.mean([r for rs in rewards for r in rs])),
             "loss": float(stats["loss"]), "grad_norm": float(stats["grad_norm"]),
             "clip_frac": float(stats["clip_frac"]), "kl": float(stats["kl"]),
