@@ -97,6 +97,8 @@ def main(argv=None) -> int:
                     help="lag bound of the streaming runs (default: K-1, the worst-case lag of the stock "
                          "pipeline's own last minibatch)")
     ap.add_argument("--quick", action="store_true", help="smaller synthetic workload, one seed")
+    ap.add_argument("--only", default=None,
+                    help="comma list of workloads to run (synthetic, alpaca, splitwise; default: every one found)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
@@ -104,6 +106,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.quiet
     wls = workloads(args.quick)
+    if args.only:
+        keep = [w.strip() for w in args.only.split(",") if w.strip()]
+        unknown = [w for w in keep if w not in ("synthetic", "alpaca", "splitwise")]
+        if unknown or "synthetic" not in keep:
+            ap.error(f"--only: workloads are synthetic, alpaca, splitwise, and synthetic must be among them "
+                     f"(sections 3-5 use it); got {args.only!r}")
+        wls = {k: v for k, v in wls.items() if k in keep}
     t_start = time.time()
     report: Dict[str, object] = {"seeds": seeds,
                                  "workloads": {k: public_arg(str(v["spec"])) for k, v in wls.items()},
