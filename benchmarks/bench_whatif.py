@@ -12,7 +12,8 @@ model against real CPU runs (issue 12; docs/simulator.md, "Cluster model").
    re-simulated under the full search (the higher is reported, and which).
 2. The five configs: the best split at the config's max_lag under its own lengths (n, max_tokens, median
    cap/4) and the share of it the config's split reaches.
-3. Sensitivity (7B, seed 0): the best ratio per max_lag when one assumption changes; what must hold for 3.22x.
+3. Sensitivity (seed 0; every assumption for 7B, the decisive ones for 32B): the best ratio per max_lag when
+   one assumption changes; what must hold for the paper's 3.22x.
 4. Validation: each run directory under --runs (stock, async, asp of the CPU runtime, `asp train`) predicted by
    the cluster model configured as that run (its instances, 1 trainer device, the decode cost fitted from its
    own engine_steps.jsonl, its measured update and sync times, its generated lengths): run time and e2e_tps,
@@ -119,32 +120,36 @@ def sensitivity() -> Dict[str, Any]:
 
     from mindspeed_asp.experiments import whatif as wi
 
-    s0 = wi.setting_from_config(str(REPO / PAPER[0][1]))
-    base_tok = 1.0 / s0.preset.train_tokens_per_s
-    variants = [
-        ("baseline", {}, None),
-        ("trainer 2x slower", {"train_sec_per_token": 2 * base_tok}, None),
-        ("trainer 2x faster", {"train_sec_per_token": 0.5 * base_tok}, None),
-        ("no extra forward passes", {"extra_passes": 0.0}, None),
-        ("colocated KV as large as a split's (mem_util 0.9)", {"mem_util_colocated": 0.9}, None),
-        ("colocated switch free", {"switch_s": 0.0}, None),
-        ("weight sync free", {"sync_s": 0.0}, None),
-        ("config lengths (2k cap, median 512)", {}, "config"),
-    ]
-    out = []
-    for label, kw, wl in variants:
-        s = replace(s0, **kw)
-        spec = wi.default_workload(s, WINDOWS) if wl == "config" else f"synthetic:mode=long_cot,n={s.n},seed=0"
-        wins = wi.make_windows(spec, s, WINDOWS)
-        rows = wi.sweep(s, wins, ["stock", "async", "asp"], LAGS, refine=False)
-        best = {str(b["bound"]): {"ratio": b["speedup_vs_colocated"], "mode": b["best"]["mode"],
-                                  "rollout_devices": b["best"]["rollout_devices"]}
-                for b in wi.summarize(s, rows, LAGS)["best_per_bound"]}
-        stock = next(r for r in rows if r["mode"] == "colocated")
-        out.append({"variant": label, "workload": spec, "best": best, "stock_window_s": stock["window_s"],
-                    "stock_rollout_s": stock["rollout_s"], "stock_train_s": stock["train_s"]})
-        _say(f"sensitivity {label}: " + ", ".join(f"<= {k}: {v['ratio']:.2f}x" for k, v in best.items()))
-    return {"model": PAPER[0][0], "devices": s0.devices, "variants": out}
+    plan = {PAPER[0][0]: ("baseline", "trainer 2x slower", "trainer 2x faster", "no extra forward passes",
+                          "colocated KV as large as a split's (mem_util 0.9)", "colocated switch free",
+                          "weight sync free", "config lengths (max_tokens cap, median cap/4)"),
+            PAPER[1][0]: ("baseline", "trainer 2x slower", "colocated KV as large as a split's (mem_util 0.9)")}
+    out: Dict[str, Any] = {}
+    for model, cfg in PAPER:
+        s0 = wi.setting_from_config(str(REPO / cfg))
+        tok = 1.0 / s0.preset.train_tokens_per_s
+        change = {"baseline": {}, "trainer 2x slower": {"train_sec_per_token": 2 * tok},
+                  "trainer 2x faster": {"train_sec_per_token": 0.5 * tok}, "no extra forward passes":
+                  {"extra_passes": 0.0}, "colocated KV as large as a split's (mem_util 0.9)":
+                  {"mem_util_colocated": 0.9}, "colocated switch free": {"switch_s": 0.0},
+                  "weight sync free": {"sync_s": 0.0}, "config lengths (max_tokens cap, median cap/4)": {}}
+        variants = []
+        for label in plan[model]:
+            s = replace(s0, **change[label])
+            spec = wi.default_workload(s, WINDOWS) if label.startswith("config lengths") \
+                else f"synthetic:mode=long_cot,n={s.n},seed=0"
+            wins = wi.make_windows(spec, s, WINDOWS)
+            rows = wi.sweep(s, wins, ["stock", "async", "asp"], LAGS, refine=False)
+            summ = wi.summarize(s, rows, LAGS)
+            best = {str(b["bound"]): {"ratio": b["speedup_vs_colocated"], "mode": b["best"]["mode"],
+                                      "rollout_devices": b["best"]["rollout_devices"]} for b in summ["best_per_bound"]}
+            st = summ["colocated"]
+            variants.append({"variant": label, "workload": spec, "best": best, "stock_window_s": st["window_s"],
+                             "stock_rollout_s": st["rollout_s"], "stock_train_s": st["train_s"],
+                             "rho_stock": st["rho_stock"]})
+            _say(f"sensitivity {model} {label}: " + ", ".join(f"<= {k}: {v['ratio']:.2f}x" for k, v in best.items()))
+        out[model] = {"devices": s0.devices, "variants": variants}
+    return out
 
 
 def conditions_for(paper: Dict[str, Any], sens: Dict[str, Any]) -> List[str]:
@@ -156,11 +161,12 @@ def conditions_for(paper: Dict[str, Any], sens: Dict[str, Any]) -> List[str]:
         lines.append(f"{model}: asp reaches {PAPER_RATIO}x over colocated stock on every seed at max_lag "
                      + (f"{ok[0]}" if ok else "none of " + "/".join(map(str, LAGS)))
                      + " (mean ratio " + ", ".join(f"{r['mean']:.2f}x at {lag}" for lag, r in reach) + ")")
-    for v in sens["variants"]:
-        hit = [k for k, b in v["best"].items() if b["ratio"] >= PAPER_RATIO]
-        lines.append(f"{sens['model']} with {v['variant']}: >= {PAPER_RATIO}x at max_lag "
-                     + (f"<= {min(map(int, hit))}" if hit else "none of 1/2/4")
-                     + " (" + ", ".join(f"{b['ratio']:.2f}x at <= {k}" for k, b in v["best"].items()) + ")")
+    for model, m in sens.items():
+        for v in m["variants"]:
+            hit = [k for k, b in v["best"].items() if b["ratio"] >= PAPER_RATIO]
+            lines.append(f"{model} with {v['variant']}: >= {PAPER_RATIO}x at max_lag "
+                         + (f"<= {min(map(int, hit))}" if hit else "none of 1/2/4")
+                         + " (" + ", ".join(f"{b['ratio']:.2f}x at <= {k}" for k, b in v["best"].items()) + ")")
     return lines
 
 

@@ -585,17 +585,16 @@ def whatif(d: Json) -> str:
                        "config split / best", "best vs colocated at max_lag <= " +
                        " / ".join(sorted({k for c in d['configs'].values() for k in c['best']}, key=int))],
                       rows), ""]
-    sens = d.get("sensitivity")
-    if sens:
-        out += [f"**Sensitivity** ({sens['model']}, {sens['devices']} devices, long-CoT seed 0, asp fast "
-                "search): best split's ratio over colocated stock per staleness bound when one assumption "
-                "changes:", "",
-                table(["variant", "stock s/iteration (rollout + train)"] + [f"<= {x}" for x in lags],
+    for model, m in (d.get("sensitivity") or {}).items():
+        out += [f"**Sensitivity, {model}** ({m['devices']} devices, long-CoT seed 0, asp fast search): the best "
+                "split's ratio over colocated stock per staleness bound when one assumption changes "
+                "(rho_stock = colocated stock's train time / rollout time):", "",
+                table(["variant", "stock s/iteration (rollout + train)", "rho_stock"] + [f"<= {x}" for x in lags],
                       [[v["variant"], f"{num(v['stock_window_s'], 1)} ({num(v['stock_rollout_s'], 1)} + "
-                                      f"{num(v['stock_train_s'], 1)})"]
+                                      f"{num(v['stock_train_s'], 1)})", num(v["rho_stock"], 3)]
                        + [f"{num(v['best'][str(x)]['ratio'], 2)}x ({v['best'][str(x)]['mode']}, "
                           f"{v['best'][str(x)]['rollout_devices']} rollout)" if str(x) in v["best"] else "-"
-                          for x in lags] for v in sens["variants"]]), ""]
+                          for x in lags] for v in m["variants"]]), ""]
     return "\n".join(out)
 
 
