@@ -72,3 +72,24 @@ def test_simulate_on_splitwise_trace(tmp_path, capsys):
     assert rc == 0
     data = json.loads((tmp_path / "simulate.json").read_text())
     assert data["mean"]["asp"]["time/iteration"] < data["mean"]["stock@stock"]["time/iteration"]
+
+
+def test_simulate_states_both_rhos_and_the_devices(tmp_path, capsys):
+    """--rho keeps its meaning (train time / R_LB) and the output adds rho_stock; --rho-stock sets the trainer
+    from stock's rollout instead; every row says which devices its e2e_tps divided by."""
+    args = ["simulate", "--workload", SMALL, "--planners", "asp,stock@stock", "--instances", "2", "--slots", "16",
+            "--minibatch", "4", "--no-plots", "--no-advice", "--quiet"]
+    assert main(args + ["--rho", "1.0", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "rho=1 (train time / R_LB)" in out and "rho_stock=" in out
+    assert "asp 3 (2 rollout + 1 trainer, split)" in out and "stock@stock 2 (colocated)" in out
+    mean = json.loads((tmp_path / "a" / "simulate.json").read_text())["mean"]
+    assert mean["asp"]["rho"] == 1.0 and 0 < mean["asp"]["rho_stock"] <= 1.0  # stock's rollout >= R_LB
+    assert main(args + ["--rho-stock", "0.5", "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    data = json.loads((tmp_path / "b" / "simulate.json").read_text())
+    stock = data["runs"]["stock@stock"][0]["metrics"]
+    assert stock["time/train"] / stock["time/rollout"] == pytest.approx(0.5)
+    assert data["mean"]["asp"]["rho_stock"] == pytest.approx(0.5) and data["mean"]["asp"]["rho"] >= 0.5
+    assert main(args + ["--rho", "1", "--rho-stock", "0.5", "--out", str(tmp_path / "c")]) == 2
+    assert "--rho-stock" in capsys.readouterr().err
