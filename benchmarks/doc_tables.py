@@ -280,6 +280,20 @@ def _ci(ci: Json, digits: int = 2) -> str:
     return f"{num(ci['mean'], digits)}x [{num(ci['lo'], digits)}, {num(ci['hi'], digits)}]"
 
 
+def e2e_basis(runs: Iterable[Mapping[str, Any]]) -> str:
+    """Which devices the runs' e2e_tps divided by: their `devices` records (docs/design.md section 5), or, for
+    results recorded before the all-devices definition (no record), that they divided by the instances only."""
+    from mindspeed_asp.metrics import devices_of
+
+    counts = [devices_of(r) for r in runs]
+    if counts and all(c is not None for c in counts):
+        return ("e2e_tps over every device the run uses (docs/design.md section 5): "
+                + ", ".join(sorted({c.describe() for c in counts})))
+    return ("e2e_tps of these runs divided by the rollout instances only (recorded before the all-devices "
+            "definition of docs/design.md section 5, which also counts the trainer's device); ratios between "
+            "modes of one config are unaffected")
+
+
 def _runtime_v1(d: Json) -> str:
     """Section 4 as the earlier benchmark wrote it (no max_lag 0, std over seeds)."""
     rs = d["ratios_over_seeds"]
@@ -290,7 +304,7 @@ def _runtime_v1(d: Json) -> str:
     out = ["**Throughput** (`throughput/e2e_tps`, MindSpeed-RL's definition), ratios paired by seed, mean +- std "
            "over seeds:", "", _ratio_table(d), "",
            f"Target `asp >= 1.3x stock` (mean e2e_tps ratio): {target}.", "",
-           "Seed 0 side by side (`asp compare`):", "", _preformatted(d["table"]), "",
+           "Seed 0 side by side (`asp compare`; " + e2e_basis([]) + "):", "", _preformatted(d["table"]), "",
            "**Bubbles** (seed 0; docs/design.md section 5 definitions):", "",
            table(["run", "bubble/padding", "bubble/skewness", "bubble/sorting"],
                  [[name, num(b["bubble/padding"]), num(b["bubble/skewness"]), num(b["bubble/sorting"])]
@@ -342,7 +356,8 @@ def runtime(d: Json) -> str:
            table(["target", "ratio", "verdict"],
                  [[t["target"], _ci(t["ratio"]), t["verdict"]] for t in d["targets"]]), ""]
     runs = d["runs"]
-    out += ["**Per run** (e2e_tps tokens/s per device; run time from first dispatch to last update):", "",
+    out += ["**Per run** (e2e_tps tokens/s per device; run time from first dispatch to last update; "
+            + e2e_basis(runs[f"{m}_s{s}"] for m in d["modes"] for s in seeds) + "):", "",
             table(["mode"] + [f"seed {s}" for s in seeds],
                   [[_MODE_LABEL.get(m, m)] + [f"{num(runs[f'{m}_s{s}']['throughput/e2e_tps'], 0)} "
                                               f"({num(runs[f'{m}_s{s}']['time/run'], 1)} s)" for s in seeds]
@@ -404,7 +419,8 @@ def runtime(d: Json) -> str:
 
 
 def runtime_earlier(d: Json) -> str:
-    return "\n".join([_ratio_table(d), "", "Seed 0 side by side:", "", _preformatted(d["table"])])
+    return "\n".join([_ratio_table(d), "", "Seed 0 side by side (" + e2e_basis([]) + "):", "",
+                      _preformatted(d["table"])])
 
 
 # ------------------------------------------------------------------------------ weight sync

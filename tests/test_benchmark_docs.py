@@ -84,3 +84,13 @@ def test_commands_never_record_paths_outside_the_repository(tmp_path):
     for path in (BENCH / "results").rglob("*.json"):
         command = json.loads(path.read_text()).get("command", "")
         assert not any(arg.startswith("/") or "../" in arg for arg in command.split()), (path, command)
+
+
+def test_e2e_basis_names_the_devices_or_the_old_denominator():
+    import doc_tables
+    from mindspeed_asp.metrics import split_devices
+
+    new = [{"devices": split_devices(2, 1, 1).to_dict()}] * 2
+    assert doc_tables.e2e_basis(new).endswith("3 (2 rollout + 1 trainer, split)")
+    assert "rollout instances only" in doc_tables.e2e_basis([{"throughput/e2e_tps": 1.0}])
+    assert "rollout instances only" in doc_tables.e2e_basis([])  # results that kept no per-run records
