@@ -77,6 +77,17 @@ def test_asp_mode_lag0_replans_from_observed_lengths(tmp_path, tiny_model):
     trace = json.loads((out / "trace.json").read_text())
     plans = [e for e in trace["events"] if e["kind"] == "plan"]
     assert [p["with_history"] for p in plans] == [0, 4, 4]
+    # the first window is planned with the configured cost and rho; later ones with the rho measured from
+    # this run's updates and windows (the cost fit needs 200 engine steps: configured until then)
+    windows = summary["plan/windows"]
+    assert [w["window"] for w in windows] == [0, 1, 2]
+    assert windows[0]["cost"]["source"] == "configured" and windows[0]["rho"]["source"] == "configured"
+    assert all(w["rho"]["source"] == "measured" and w["rho"]["rho"] > 0 for w in windows[1:])
+    assert all(w["cost"]["source"] in ("configured", "online") and w["plan_seconds"] > 0 for w in windows)
+    assert [p["rho"]["source"] for p in plans] == [w["rho"]["source"] for w in windows]
+    steps_log = [json.loads(line) for line in (out / "engine_steps.jsonl").read_text().splitlines()]
+    assert steps_log and {r["instance"] for r in steps_log} == {0, 1}
+    assert all(r["active"] >= 1 and r["step_time"] > 0 for r in steps_log)
     log = [json.loads(line) for line in (out / "rollout_log.jsonl").read_text().splitlines()]
     assert len(log) == STEPS * 4 and all(len(r["response_lengths"]) == 4 for r in log)
     assert sorted({r["epoch"] for r in log}) == [0, 1, 2]
