@@ -63,8 +63,10 @@ class AspSection(Strict):
     plan_path: Optional[str] = None
     history_path: Optional[str] = None
     replan_every: int = Field(1, ge=0, description="re-plan the next window every k iterations (0 = once)")
-    rho: Optional[float] = Field(None, gt=0.0, description="trainer/rollout work ratio the planner assumes; "
-                                 "None = 1.0 (set it from a measured run: time/train over instance busy time)")
+    rho: Optional[float] = Field(None, gt=0.0, description="trainer/rollout work ratio the planner assumes: "
+                                 "train time / the window's rollout lower bound R_LB; None = 1.0. From a stock "
+                                 "run's rho_stock (train / its rollout time): rho_stock x stock rollout / R_LB "
+                                 "(docs/design.md section 5)")
     estimator: EstimatorSection = EstimatorSection()
     cost: CostSection = CostSection()
     online_fit: bool = Field(True, description="runtime: plan each window after the first with the cost model "

@@ -39,7 +39,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="generation cap (default: the longest length in the history)")
     p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c[, p])")
-    p.add_argument("--rho", type=positive_float, default=None, help="trainer work / rollout time (default 1.0)")
+    p.add_argument("--rho", type=positive_float, default=None,
+                   help="trainer work / the window's rollout lower bound R_LB (default 1.0); rho_stock, over "
+                        "stock's rollout, is smaller: docs/design.md section 5")
     p.add_argument("--kv-budget", type=positive_int, default=None, help="KV budget per instance, tokens")
     p.add_argument("--max-lag", type=nonneg_int, default=None,
                    help="lag bound the plan will run under; ASP scores its candidates with it (default: "
