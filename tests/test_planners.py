@@ -288,7 +288,7 @@ def test_selection_scores_candidates_with_the_event_simulator_on_a_subsample(mon
     assert small.params["selection"] == 2.0 and small.params["selection_groups"] == 120
     assert small.params["candidates"] >= 4 and small.params["selection_scope"] == SCOPES["full"]
     # over the whole-window budget: the subsample ranks, its best few are re-scored on the whole window
-    monkeypatch.setattr(asp_planner, "SIM_SEQ_FULL", SELECT_GROUPS * 3 * 8 * 2 * 3)
+    monkeypatch.setattr(asp_planner, "SIM_SEQ_FULL", SELECT_GROUPS * 3 * 8 * 6 * 3)  # 3 x (2 + 4 scenarios)
     big = get_planner("asp")(make_problem(SELECT_GROUPS * 3, m=6, minibatch=8), np.random.default_rng(0))
     assert big.params["selection_groups"] == SELECT_GROUPS
     assert big.params["selection_scope"] == SCOPES["subsample+full_top"]
