@@ -286,7 +286,7 @@ def analyze(out: Path, runs: Dict[str, Dict[str, Any]], seeds: List[int], modes:
                               "complete": len(done) == len(seeds)}
     per_run = {name: {k: r.get(k) for k in ("throughput/e2e_tps", "time/iteration", "time/run", "time/train",
                                             "time/weight_sync", "reward/final", "lag/mean", "lag/max", "steals",
-                                            "memory/peak_rss_gib", "weight_sync/mean_s")}
+                                            "memory/peak_rss_gib", "weight_sync/mean_s", "devices")}
                for name, r in runs.items()}
     result["runs"] = per_run
     result["ratios_vs_stock"] = {m: paired_ratio(runs, done, m, "stock") for m in modes if m != "stock"}

@@ -376,7 +376,8 @@ def runtime(d: Json) -> str:
                          num(np.mean([x["steals"] for x in xs]), 1),
                          ", ".join(f"{x['a_ms']:.2f} ms / {x['rho']:.2f}" for x in last)])
         out += ["**Where asp's time goes** (mean per run): windows planned, planning seconds in all and on the "
-                "critical path (a window planned ahead while the driver waited costs none), steals, and the last "
+                "critical path (a window planned ahead while the driver waited is off it, though where the driver "
+                "shares cores with the instances it still takes their CPU), steals, and the last "
                 "window's fitted step cost a / measured rho per seed (the first window of every run is planned "
                 "with the configured cost and rho = 1):", "",
                 table(["mode", "windows", "planning s", "on critical path s", "steals", "last window: a / rho"],
