@@ -136,3 +136,33 @@ def test_asp_follows_offline_plan_file_then_replans(tmp_path, tiny_model):
             ran = [g["gid"] for g in sorted(trace["groups"], key=lambda g: g["submit"]) if g["gid"] in planned]
             assert all(g["instance"] == j for g in trace["groups"] if g["gid"] in planned) or summary["steals"] > 0
             assert sorted(ran) == sorted(planned)
+
+
+def test_runs_share_one_pool(tmp_path, tiny_model):
+    """A second run adopts the first run's started instances (Driver(pool=...)): it starts from the model's
+    weights at version 0, the first run's leftover groups never reach it, and the pool outlives both runs
+    until it is shut down."""
+    from mindspeed_asp.runtime.driver import Driver
+
+    def cfg(mode, lag):
+        return load_run_config(packaged_config_path(), BASE + [f"asp.mode={mode}", f"asp.max_lag={lag}",
+                                                              f"model.path={tiny_model}", "run.seed=3"])
+
+    first = Driver(cfg("async", 2), tmp_path / "first", progress=False, keep_pool=True)
+    s1 = first.run()
+    pool = first.pool
+    try:
+        assert pool is not None and len(pool.live()) == 2  # kept running
+        second = Driver(cfg("asp", 1), tmp_path / "second", progress=False, pool=pool)
+        s2 = second.run()
+        assert second.pool is pool and len(pool.live()) == 2
+        steps = [json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
+        check_invariants(s2, steps, 1)
+        events = json.loads((tmp_path / "second" / "trace.json").read_text())["events"]
+        assert not [e for e in events if e["kind"] in ("late_result_refused", "instance_started")]
+        # only the second run's own engine steps are counted
+        own, total = second._decode_steps_total(), pool.decode_steps()
+        assert all(0 < own[j] < total[j] for j in total)
+        assert s1["versions"] == s2["versions"] == list(range(1, STEPS + 1))
+    finally:
+        pool.shutdown()
