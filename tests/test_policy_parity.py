@@ -7,7 +7,8 @@ the simulator runs the runtime's policy (docs/design.md section 6.1). Both sides
 they ask, which events they report).
 
 The script makes the two engine models agree exactly: every instance runs one group at a time (simulator:
-slots = n and equal sample lengths within a group; runtime: dispatcher capacity 1), a step costs 1 s, so a
+slots = n and equal sample lengths within a group; runtime: dispatcher capacity 1, and the simulator deals
+its lag budget with the same capacity), a step costs 1 s, so a
 group finishes `length` seconds after it starts; an update of the trainer takes `alpha * tokens + overhead`
 seconds, weight sync is instant. The runtime side is an event loop over the runtime's own `Dispatcher`,
 `SampleQueue` and `LagPolicy` (no engines, no Ray). The trace has no two events at the same time, so the
@@ -106,11 +107,12 @@ def simulated(mode: str, max_lag: int) -> Decisions:
     prob = problem(lengths, predicted, np.arange(G))
     if mode == "asp":
         a = Assignment(orders=queues, minibatch=tags, planner="script")
-        res = simulate_pipeline(prob, a, L, mode="stream", max_lag=max_lag, trainer=TRAINER, with_bounds=False)
+        res = simulate_pipeline(prob, a, L, mode="stream", max_lag=max_lag, trainer=TRAINER, with_bounds=False,
+                                group_capacity=1)
     else:  # async: one FIFO in dataset order, untagged
         a = Assignment(orders=queues, minibatch=None, planner="script")
         res = simulate_pipeline(prob, a, L, mode="stream", max_lag=max_lag, trainer=TRAINER, with_bounds=False,
-                                dispatch="fifo")
+                                dispatch="fifo", group_capacity=1)
     tr = res.trace
     assert res.metrics["lag/regenerated_groups"] == 0 and res.lags.max() <= max_lag
     dispatch = {g: (int(tr.group_instance[g]), float(tr.group_dispatch[g]), int(tr.group_version[g]))

@@ -242,3 +242,29 @@ def test_rho_stock_is_the_stock_runs_measured_train_over_rollout():
     cfg1 = sweep.SweepConfig(instances=8, slots=32, minibatch=8, rho=1.0, cost=cfg.cost)
     asp, _ = sweep.run_planner(wb, "asp", "stream", cfg1)
     assert asp.params["rho_stock"] == pytest.approx(wb.r_lb / wb.stock_rollout)
+
+
+@pytest.mark.parametrize("dispatch,steal", [("plan", False), ("plan", True), ("fifo", False)])
+def test_lag_budget_is_dealt_one_group_at_a_time_to_the_least_loaded_instance(dispatch, steal):
+    """2 instances x 32 slots, n=4, minibatch 8 groups, max_lag 0: every version's budget of 8 groups is split
+    4+4 as the runtime's dispatcher hands them out (fewest groups in flight first); the first instance woken
+    filling its 32 slots with all 8 (8+0) was the simulator's old, greedy admission."""
+    G, n, m = 32, 4, 2
+    L = np.full((G, n), 50)
+    P = np.full(G, 10)
+    prompts = PromptSet(prompt_ids=np.array([str(i) for i in range(G)], dtype=object), prompt_lens=P, n=n)
+    est = LengthEstimate(median=np.full(G, 50.0), group_max=np.full(G, 50.0), sigma=np.full(G, 0.5),
+                         p_trunc=np.zeros(G), has_history=np.ones(G, bool), estimator="oracle",
+                         samples=L.astype(float))
+    prob = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=32), minibatch=8,
+                           cost=CostModel(), max_new_tokens=4000)
+    asg = Assignment(orders=[np.arange(0, 16), np.arange(16, 32)], minibatch=np.full(G, -1), planner="halves")
+    res = simulate_pipeline(prob, asg, L, mode="stream", max_lag=0, trainer=TrainerModel(1e-4, 0.01, 8),
+                            dispatch=dispatch, work_stealing=steal)
+    gi, gv = res.trace.group_instance, res.trace.group_version
+    for v in range(G // 8):
+        assert np.bincount(gi[gv == v], minlength=m).tolist() == [4, 4], f"version {v}"
+    # the groups of one version start together: both instances admit at the version's release
+    for v in range(G // 8):
+        d = res.trace.group_dispatch[gv == v]
+        assert d.max() - d.min() < 1e-9

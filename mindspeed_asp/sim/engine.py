@@ -34,6 +34,13 @@ Where an instance's next group comes from when its own queue is empty is the sha
 When several instances are offered work at once (the start, `notify` after a version bump), they go in the
 policy's order: fewest running first, those with work of their own before those that would take it
 elsewhere. Every steal is counted per thief and per group.
+
+A lag budget (`Cluster.budget`, the pipeline's admission budget in groups) is dealt out as the runtime's
+dispatcher hands out groups: one group at a time to the eligible instance with the fewest groups in flight
+(own work first, then a thief), at most `group_capacity` in flight per instance. An instance opens no more
+groups than it was granted; without this the first instance woken would fill all its slots and take the
+whole budget. When the budget covers every group from the start, the gate never binds and instances admit
+freely, as without a budget.
 """
 from __future__ import annotations
 
@@ -318,6 +325,14 @@ class Cluster:
         self._heap: List[tuple] = []
         self._seq = 0
         self._started = False
+        # lag budget dealing (see the module doc): set `budget` (and `group_capacity`) before the first step
+        self.budget: Optional[Callable[[], float]] = None
+        self.group_capacity: Optional[int] = None
+        m = len(self.insts)
+        self.granted = [0] * m  # groups instance j may still open under the budget
+        self._infl = [0] * m  # groups opened on instance j and not finished
+        self._qn = [len(ins.queue) // n for ins in self.insts]  # not-started groups in instance j's own queue
+        self._unbounded = False  # the budget covers every group from the start: no dealing
 
     # ------------------------------------------------------------------ public loop
     def start(self, t: float = 0.0) -> None:
@@ -327,6 +342,9 @@ class Cluster:
         self._started = True
         for ins in self.insts:
             ins.clock = t
+        self._check_unbounded()
+        if self._granting:
+            self._deal(t, wake=False)
         for j in self._wake_order(range(len(self.insts))):
             self._admit_and_schedule(j)
 
@@ -353,7 +371,8 @@ class Cluster:
             self._admit_and_schedule(j)
             return t
         self._advance(j, ins.event_step)
-        self._finish_due(j)
+        if self._finish_due(j) and self._granting:
+            self._deal(t, skip=j)  # freed group capacity may take budget left over; j admits just below
         self._admit_and_schedule(j)
         return t
 
@@ -368,8 +387,12 @@ class Cluster:
         Held instances, and idle ones that may take work from elsewhere, are offered in the policy's order
         (the order the runtime's dispatcher fills free instances in): those with work of their own first,
         then fewest running sequences, then index; a fixed index order would let the low-numbered instances
-        take all the admission budget and starve the others.
+        take all the admission budget and starve the others. Under a bounded lag budget the new budget is
+        dealt out group by group instead (`_deal`) and only the instances granted a group are woken.
         """
+        if self._granting:
+            self._deal(t)
+            return
         elsewhere = self.work_stealing or self.dispatch == "fifo"
         cands = [j for j, ins in enumerate(self.insts) if ins.held or (elsewhere and self._idle_empty(ins))]
         for j in self._wake_order(cands):
@@ -430,8 +453,12 @@ class Cluster:
         ins.queue[ins.ptr:ins.ptr] = list(range(g * n, (g + 1) * n))
         ins.head[ins.ptr:ins.ptr] = [True] + [False] * (n - 1)
         self._qload[j] += self._gload[g]
+        self._qn[j] += 1
         self.group_instance[g] = j
-        self._wake(j, t)
+        if self._granting:
+            self._deal(t)
+        else:
+            self._wake(j, t)
         return j
 
     def pause(self, t: float, duration: float) -> None:
@@ -490,7 +517,7 @@ class Cluster:
         ins.prefill = 0.0
         self.end[j] = ins.clock
 
-    def _finish_due(self, j: int) -> None:
+    def _finish_due(self, j: int) -> int:
         ins = self.insts[j]
         run = ins.running
         step = ins.step
@@ -517,13 +544,16 @@ class Cluster:
             if left[g] == 0:
                 done.append(g)
         ins.n, ins.kv = n, kv
+        infl = self._infl
         for g in done:
             self.group_finish[g] = clock
             self._inload[j] -= self._gload[g]
+            infl[j] -= 1
             if self.on_group_done is not None:
                 self.on_group_done(g, clock)
         if self.K < INF and self.kv_policy == "preempt" and ins.kv + ins.n > self.K:
             self._preempt(j)
+        return len(done)
 
     def _preempt(self, j: int) -> None:
         """Preempt the most recently admitted sequences until the next step fits (recompute later)."""
@@ -586,9 +616,11 @@ class Cluster:
             del victim.head[-nsamp:]
             g = sids[0] // nsamp
             self._qload[src] -= self._gload[g]
+            self._qn[src] -= 1
             self.group_stolen[g] = True
             self.steals[j] += 1
         self._qload[j] += self._gload[g]
+        self._qn[j] += 1
         ins.queue.extend(sids)
         ins.head.extend([True] + [False] * (nsamp - 1))
         self.group_instance[g] = j
@@ -597,8 +629,13 @@ class Cluster:
         """Ask the gate for group g (own head, or from `src`); if admitted, take it and stamp its dispatch.
 
         Held: the instance waits head-of-line for `notify` or the gate's retry time (pushed now when the
-        instance is idle: `_RETRY`, the caller returns at once).
+        instance is idle: `_RETRY`, the caller returns at once). Under a bounded lag budget an instance with
+        no group granted is held without asking the gate.
         """
+        granting = self._granting
+        if granting and self.granted[j] <= 0:
+            self.insts[j].held = True
+            return _HELD
         if self.gate is not None:
             ans = self.gate(g, now)
             if ans is not None:
@@ -617,7 +654,80 @@ class Cluster:
         self.group_version[g] = self.version
         self._qload[j] -= self._gload[g]
         self._inload[j] += self._gload[g]
+        self._qn[j] -= 1
+        self._infl[j] += 1
+        if granting:
+            self.granted[j] -= 1
         return _ADMITTED
+
+    # ------------------------------------------------------------------ lag budget dealing
+    @property
+    def _granting(self) -> bool:
+        return self.budget is not None and not self._unbounded
+
+    def _check_unbounded(self) -> None:
+        """At the start: no dealing at all when the budget covers every group (the gate never binds: opening a
+        group uses one unit of budget and one pending group alike), so an unbounded run admits as before."""
+        if self.budget is None or self._unbounded:
+            return
+        pending = len(self._fifo) - self._fifo_ptr + sum(self._qn)
+        if self.budget() >= pending:
+            self._unbounded = True
+            self.granted = [0] * len(self.insts)
+
+    def _deal(self, t: float, skip: int = -1, wake: bool = True) -> None:
+        """Deal the budget not granted yet one group at a time, as the runtime's `Dispatcher.fill` does: to the
+        instance with work of its own, else a thief (stealing) or anyone (fifo), with the fewest groups in flight
+        or granted, then index, below `group_capacity`. Wake the instances granted a group (not `skip`, which is
+        at its step boundary and admits next), in the order of their first grant."""
+        granted = self.granted
+        left = int(self.budget()) - sum(granted)
+        if left <= 0:
+            return
+        m, cap = len(self.insts), self.group_capacity
+        fifo = self.dispatch == "fifo"
+        load = [self._infl[k] + granted[k] for k in range(m)]
+        pool = len(self._fifo) - self._fifo_ptr - sum(granted) if fifo else 0
+        own = [0] * m if fifo else [max(0, self._qn[k] - granted[k]) for k in range(m)]
+
+        def key(k: int) -> tuple:
+            return (0 if own[k] > 0 else 1, load[k], k)  # wake_order over offer_order
+
+        heap = [key(k) for k in range(m) if cap is None or load[k] < cap]
+        heapq.heapify(heap)
+        woken: List[int] = []
+        while left > 0 and heap:
+            top = heapq.heappop(heap)
+            j = top[2]
+            if top != key(j) or (cap is not None and load[j] >= cap):
+                continue  # stale entry
+            if fifo:
+                if pool <= 0:
+                    break
+                pool -= 1
+            elif own[j] > 0:
+                own[j] -= 1
+            elif self.work_stealing:
+                v = steal_victim(own, [k for k in range(m) if k != j and own[k] > 0])
+                if v < 0:
+                    break
+                own[v] -= 1
+                heapq.heappush(heap, key(v))
+            else:
+                break
+            granted[j] += 1
+            load[j] += 1
+            left -= 1
+            if cap is None or load[j] < cap:
+                heapq.heappush(heap, key(j))
+            if j not in woken:
+                woken.append(j)
+        if not wake:
+            return
+        for j in woken:
+            if j != skip:
+                self.insts[j].held = False
+                self._wake(j, t)
 
     def _admit_and_schedule(self, j: int) -> None:
         ins = self.insts[j]

@@ -30,6 +30,7 @@ Modes:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -263,7 +264,7 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
                       kv_policy: str = "preempt", devices_per_instance: int = 1,
                       trainer_devices: Optional[int] = None,
                       with_bounds: bool = True, work_stealing: Optional[bool] = None,
-                      dispatch: str = "plan") -> SimResult:
+                      dispatch: str = "plan", group_capacity: Optional[int] = None) -> SimResult:
     """Simulate one window (iteration) of `problem` dispatched by `assignment`, with the true lengths.
 
     `trainer.minibatch` is M in groups. `sync_time` is one weight-sync round (seconds). `devices_per_instance`
@@ -271,6 +272,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     section 5). `with_bounds=False` skips the bounds (for
     planners that call this inside a search loop). `work_stealing` None means on for "stream", off otherwise.
     `dispatch="fifo"` hands groups out in dataset order from one queue (the runtime's async mode).
+    `group_capacity` (stream mode) is the most groups one instance holds in flight when the lag budget is dealt
+    out; None means the runtime driver's `ceil(slots / n) + 1`.
     """
     L = _check_inputs(problem, assignment, true_lengths, mode, max_lag, trainer)
     check_stale_policy(stale_policy)
@@ -284,7 +287,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
                  steal_load=_steal_load(problem) if steal else None, dispatch=dispatch)
     tok = L + P[:, None]  # prompt + response tokens per sample
     if mode == "stream":
-        run = _run_stream(cl, assignment, trainer, tok, max_lag, stale_policy, sync_time, sync_pauses_rollout)
+        run = _run_stream(cl, assignment, trainer, tok, max_lag, stale_policy, sync_time, sync_pauses_rollout,
+                          group_capacity)
     else:
         run = _run_barrier(cl, trainer, tok, sync_time)
     devices = run_devices(mode, problem.instances, devices_per_instance, trainer_devices)
@@ -344,12 +348,20 @@ def _instances(problem: PlanningProblem, assignment: Assignment, mode: str,
 
 
 def _run_stream(cl: Cluster, assignment: Assignment, trainer: TrainerModel, tok: np.ndarray, max_lag: int,
-                stale_policy: str, sync_time: float, sync_pauses_rollout: bool) -> _Run:
+                stale_policy: str, sync_time: float, sync_pauses_rollout: bool,
+                group_capacity: Optional[int] = None) -> _Run:
     """The instances and the streaming trainer in one event loop (trainer events first on ties)."""
     G = cl.G
     tags = np.asarray(assignment.minibatch, dtype=np.int64) if assignment.minibatch is not None else None
     tr = _Trainer(trainer, max_lag, stale_policy, sync_time, sync_pauses_rollout, cl, G, tok, tags)
     cl.gate = tr.gate
+    # the budget is dealt out as the runtime's dispatcher does, with its capacity of groups in flight per
+    # instance (runtime/driver.py: ceil(slots / n) + 1)
+    if group_capacity is not None and int(group_capacity) < 1:
+        raise ValueError(f"group_capacity must be >= 1, got {group_capacity}")
+    cl.budget = lambda: tr.lag.budget(tr.version)
+    cl.group_capacity = (max(1, math.ceil(cl.B / cl.nsamp)) + 1 if group_capacity is None
+                         else int(group_capacity))
     cl.on_group_done = tr.group_done
     while True:
         ti, tt = cl.peek_time(), tr.peek()
