@@ -237,10 +237,9 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
            "error": predicted / measured - 1.0 if measured > 0 else float("nan")}
     if mode != "stock" and lag == 0:
         # max_lag 0 is synchronous per update: replay each update's groups where they actually ran (barrier
-        # over the instances, as stock). The streamed replay above lets the first instance offered work admit
-        # groups up to its slots (8 here) and so take the whole admission budget, where the runtime's
-        # dispatcher caps an instance at slots/n + 1 groups and offers work one group at a time in
-        # fewest-in-flight order (4 + 4 here): a simulator/runtime difference, reported, not hidden.
+        # over the instances, as stock), a check of the streamed replay's admission: the simulator deals the
+        # admission budget as the runtime's dispatcher does (one group at a time, fewest in flight first, at
+        # most slots/n + 1 groups per instance: 4 + 4 here), so the two replays should agree.
         per_update = 0.0
         for st in steps:
             gids_k = sorted(int(g) for g in st["gids"] if int(g) in groups)

@@ -388,10 +388,11 @@ def runtime(d: Json) -> str:
                 "steps, its measured trainer (alpha x tokens + overhead) and sync times; stock replayed iteration "
                 "by iteration, async and asp streamed at the run's max_lag (async FIFO, asp with the run's own "
                 "schedule). Error of the predicted run time, target |error| <= 10% per mode. At max_lag 0 the "
-                "last column replays each update's groups where they actually ran (barrier per update): the "
-                "streamed simulator lets the first instance offered work admit up to its slots and take the whole "
-                "admission budget, where the runtime's dispatcher caps an instance at slots/n + 1 groups and "
-                "offers one group at a time (docs/runtime.md):", "",
+                "last column replays each update's groups where they actually ran (barrier per update), a check "
+                "of the streamed replay's admission: since commit 69712f2 the simulator deals the admission "
+                "budget as the runtime's dispatcher does, one group at a time, fewest in flight first, at most "
+                "slots/n + 1 groups per instance; before, the first instance offered work admitted up to its "
+                "slots and took the whole budget (docs/runtime.md):", "",
                 table(["mode", "mean |error|", "signed mean [95% CI]", "max |error|", "verdict",
                        "max_lag 0: per-update replay |error|"],
                       [[_MODE_LABEL.get(m, m), pct(e["abs_mean"]), f"{pct(e['mean'], sign=True)} "
