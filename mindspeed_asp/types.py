@@ -54,13 +54,69 @@ class PromptSet:
 
 
 @dataclass(frozen=True)
+class ResidualPool:
+    """Each group's observed log-length residuals around its predicted log median, grouped by row (CSR).
+
+    Why: the planner scores plans on sampled length scenarios, and a log-normal around the median loses
+    what a prompt's own history shows: bimodal lengths (right answers short, wrong ones long), a spike at
+    the cap, correlated long samples. Resampling the prompt's drift-adjusted past samples keeps them.
+    Group g's residuals are `resid[offsets[g]:offsets[g + 1]]` (empty for a prompt without history);
+    `capped` marks samples that were truncated at max_new_tokens (their true length was at least that);
+    `weight` is each sample's recency weight (the estimator's decay ** age, as for the median).
+    """
+
+    offsets: np.ndarray  # int64 [G + 1]
+    resid: np.ndarray  # float64 [R]
+    capped: np.ndarray  # bool [R]
+    weight: np.ndarray  # float64 [R], > 0
+
+    def __post_init__(self) -> None:
+        R = len(self.resid)
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or int(self.offsets[-1]) != R \
+                or len(self.capped) != R or len(self.weight) != R:
+            raise ValueError(f"residual pool offsets must end at len(resid)={R} = len(capped) = len(weight)")
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def subset(self, rows: np.ndarray) -> "ResidualPool":
+        """The pool of `rows` (same order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        counts = self.counts[rows]
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        idx = np.repeat(self.offsets[:-1][rows] - offsets[:-1], counts) + np.arange(int(offsets[-1]),
+                                                                                    dtype=np.int64)
+        return ResidualPool(offsets=offsets, resid=self.resid[idx], capped=self.capped[idx],
+                            weight=self.weight[idx])
+
+    def _group_sum(self, values: np.ndarray) -> np.ndarray:
+        cum = np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
+        return cum[self.offsets[1:]] - cum[self.offsets[:-1]]
+
+    def capped_share(self) -> np.ndarray:
+        """Recency-weighted share of each group's pooled samples that were truncated (0 for an empty pool)."""
+        total = self._group_sum(self.weight)
+        return self._group_sum(self.weight * self.capped) / np.where(total > 0, total, 1.0)
+
+    def draw(self, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Pool indices drawn for `rows` by recency weight: u [..., len(rows), n] uniform in [0, 1)."""
+        cum = np.concatenate(([0.0], np.cumsum(self.weight, dtype=np.float64)))
+        lo, hi = cum[self.offsets[rows]], cum[self.offsets[rows + 1]]
+        target = lo[:, None] + u * (hi - lo)[:, None]
+        idx = np.searchsorted(cum, target, side="right") - 1
+        return np.clip(idx, self.offsets[rows][:, None], self.offsets[rows + 1][:, None] - 1)
+
+
+@dataclass(frozen=True)
 class LengthEstimate:
     """Predicted response lengths per group (tokens), as the planners consume them.
 
     `median` is the typical sample length, `group_max` the chosen upper quantile of the max of n samples
     (a group finishes with its longest sample), `sigma` the within-group log-spread, `p_trunc` the
     probability that a sample hits max_new_tokens, `has_history` False where the cold-start fallback
-    was used. `samples` optionally holds per-sample predictions [G, n] (the oracle fills the truth).
+    was used. `samples` optionally holds per-sample predictions [G, n] (the oracle fills the truth);
+    `pool` optionally the history's residuals around each median (scenario sampling resamples them).
     """
 
     median: np.ndarray  # float64 [G]
@@ -71,9 +127,18 @@ class LengthEstimate:
     estimator: str = ""
     params: Dict[str, float] = field(default_factory=dict)
     samples: Optional[np.ndarray] = None  # float64 [G, n]
+    pool: Optional[ResidualPool] = None
 
     def __len__(self) -> int:
         return len(self.median)
+
+    def subset(self, rows: np.ndarray) -> "LengthEstimate":
+        """The estimate restricted to `rows` (same order), every per-group field with it."""
+        return LengthEstimate(median=self.median[rows], group_max=self.group_max[rows], sigma=self.sigma[rows],
+                              p_trunc=self.p_trunc[rows], has_history=self.has_history[rows],
+                              estimator=self.estimator, params=dict(self.params),
+                              samples=None if self.samples is None else self.samples[rows],
+                              pool=None if self.pool is None else self.pool.subset(rows))
 
     def sample_lengths(self, n: int) -> np.ndarray:
         """Per-sample predicted lengths [G, n]: the given samples, or the median repeated."""

@@ -27,7 +27,7 @@ from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
-from mindspeed_asp.types import Assignment, InstanceSpec, LengthEstimate, PlanningProblem
+from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
 
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
 DEAL_BALANCE = -2.0  # theta value meaning "longest first, dealt round-robin" (equal counts, even tails)
@@ -302,10 +302,7 @@ def _selection_problem(problem: PlanningProblem, rng: np.random.Generator,
     rows = _selection_rows(gm, SELECT_GROUPS, rng)
     frac = SELECT_GROUPS / G
     est = problem.estimate
-    sub_est = LengthEstimate(median=est.median[rows], group_max=est.group_max[rows], sigma=est.sigma[rows],
-                             p_trunc=est.p_trunc[rows], has_history=est.has_history[rows],
-                             estimator=est.estimator, params=est.params,
-                             samples=None if est.samples is None else est.samples[rows])
+    sub_est = est.subset(rows)
     m = problem.instances
     spec = problem.spec
     base = max(1, int(round(m * frac)))

@@ -27,10 +27,7 @@ ASP_FAMILY = ("asp", "oracle_asp")
 
 def slice_estimate(est: LengthEstimate, rows: np.ndarray) -> LengthEstimate:
     """The estimate restricted to `rows` (same order)."""
-    return LengthEstimate(median=est.median[rows], group_max=est.group_max[rows], sigma=est.sigma[rows],
-                          p_trunc=est.p_trunc[rows], has_history=est.has_history[rows], estimator=est.estimator,
-                          params=dict(est.params),
-                          samples=None if est.samples is None else est.samples[rows])
+    return est.subset(rows)
 
 
 def iteration_starts(num_groups: int, groups_per_iteration: Optional[int]) -> List[int]:

@@ -7,7 +7,7 @@ The formulas are documented in docs/estimation.md; everything is vectorised over
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional
 
 import numpy as np
@@ -17,7 +17,7 @@ from scipy.special import log_ndtr, ndtr, ndtri
 from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.scheduler.history import HistorySamples, LengthHistory
-from mindspeed_asp.types import LengthEstimate, PromptSet
+from mindspeed_asp.types import LengthEstimate, PromptSet, ResidualPool
 
 
 def group_max_quantile(median: np.ndarray, sigma: np.ndarray, n: int, q: float,
@@ -215,6 +215,10 @@ class _PromptStats:
     has: np.ndarray  # bool: any history
     last_median: np.ndarray  # median log-length of the prompt's record at the window's reference epoch
     last_count: np.ndarray  # samples in that record (0 when the prompt has no record there)
+    sample_group: np.ndarray  # int64 [S], non-decreasing: the prompt of every sample in the window
+    sample_log: np.ndarray  # float [S]: its drift-adjusted log-length
+    sample_at_cap: np.ndarray  # bool [S]: it reached max_new_tokens
+    sample_weight: np.ndarray  # float [S]: its recency weight (decay ** age)
 
 
 def _prompt_stats(prompt_ids: np.ndarray, history: LengthHistory, drift: "DriftModel", decay: float,
@@ -250,7 +254,7 @@ def _prompt_stats(prompt_ids: np.ndarray, history: LengthHistory, drift: "DriftM
         last_count[view.record_group[at_ref]] = np.bincount(view.record, minlength=len(recmed))[at_ref]
     return _PromptStats(center, count, neff, within_ss, within_dof, total_ss, at_cap, over_cap,
                         view.group[capped].astype(np.int64), shift[capped], count > 0,
-                        last_median, last_count)
+                        last_median, last_count, view.group.astype(np.int64), logs, capped, weight)
 
 
 @dataclass
@@ -410,6 +414,16 @@ class ColdStartEstimator:
                         "drift_factor": drift_factor})
 
 
+def residual_pool(stats: _PromptStats, center: np.ndarray) -> ResidualPool:
+    """The window's drift-adjusted history samples as log residuals around each prompt's predicted center:
+    scenario sampling resamples them (`scenarios.sample_scenarios`), keeping the shape of each prompt's
+    own lengths (bimodal, cap spike) that a log-normal around the median loses."""
+    G = len(center)
+    offsets = np.concatenate(([0], np.cumsum(np.bincount(stats.sample_group, minlength=G)))).astype(np.int64)
+    return ResidualPool(offsets=offsets, resid=stats.sample_log - center[stats.sample_group],
+                        capped=stats.sample_at_cap.copy(), weight=stats.sample_weight.copy())
+
+
 def _finish(prompts: PromptSet, center: np.ndarray, within: np.ndarray, center_sd: np.ndarray, has: np.ndarray,
             q: float, max_new_tokens: int, name: str, params: Dict[str, float],
             p_trunc: Optional[np.ndarray] = None) -> LengthEstimate:
@@ -490,7 +504,8 @@ class HistoryEstimator:
         params.update({"drift_factor": model.factor, "pooled_sigma": spread.pooled_within,
                        "center_drift_sd": spread.drift_sd, "spread_mode_within": float(spread.mode == "within"),
                        "cold_start_frac": float(1.0 - has.mean()) if len(has) else 0.0})
-        return _finish(prompts, center, within, center_sd, has, self.q, max_new_tokens, self.name, params, p_trunc)
+        est = _finish(prompts, center, within, center_sd, has, self.q, max_new_tokens, self.name, params, p_trunc)
+        return replace(est, pool=residual_pool(stats, center))
 
 
 class OracleEstimator:

@@ -25,24 +25,55 @@ PRED_LOG_ERROR_HISTORY = 0.5
 PRED_LOG_ERROR_COLD = 0.8
 
 
+# A group resamples its own history (the estimate's residual pool) when it has at least this many samples
+# there; with fewer the pool says little about the shape and the log-normal with the shrunk sigma is used.
+POOL_MIN_SAMPLES = 4
+
+
 def sample_scenarios(problem: PlanningProblem, k: int, rng: np.random.Generator) -> np.ndarray:
-    """K length scenarios [K, G, n] drawn from the estimate: per group a log-normal error of the predicted
-    median (PRED_LOG_ERROR_*), per sample the within-group spread sigma, clipped at max_new_tokens. An
-    estimate that carries per-sample lengths (the oracle) gives that one scenario only."""
+    """K length scenarios [K, G, n] drawn from the estimate, clipped at max_new_tokens.
+
+    Per group a log-normal error of the predicted median (PRED_LOG_ERROR_*, shared by its samples); per
+    sample a residual drawn from the group's own drift-adjusted history by recency (`estimate.pool`, when it holds
+    POOL_MIN_SAMPLES or more), else the log-normal within-group spread sigma. Resampling the history keeps
+    bimodal lengths and the spike at the cap, which decide group maxima and KV pressure (docs/scheduler.md);
+    truncated samples are kept at the cap as often as the estimate's drifted p_trunc says.
+    An estimate that carries per-sample lengths (the oracle) gives that one scenario only."""
     est = problem.estimate
     n = problem.prompts.n
     cap = float(problem.max_new_tokens)
     if est.samples is not None:
         return np.minimum(np.asarray(est.samples, dtype=np.float64), cap)[None]
+    G = len(est.median)
     med = np.maximum(np.asarray(est.median, dtype=np.float64), 1.0)
     sig = np.nan_to_num(np.asarray(est.sigma, dtype=np.float64), nan=0.0)
     has = np.asarray(est.has_history, dtype=bool)
     # The median itself is uncertain (prediction error, drift): a per-group log offset shared by its samples.
     tau_hist = float(est.params.get("pred_log_error", PRED_LOG_ERROR_HISTORY))
     tau = np.where(has, tau_hist, max(tau_hist, PRED_LOG_ERROR_COLD))
-    shift = tau[None, :, None] * rng.standard_normal((k, len(med), 1))
-    z = rng.standard_normal((k, len(med), n))
-    return np.clip(np.rint(med[None, :, None] * np.exp(shift + sig[None, :, None] * z)), 1.0, cap)
+    z_center = rng.standard_normal((k, G, 1))
+    noise = sig[None, :, None] * rng.standard_normal((k, G, n))
+    pool = est.pool
+    use = np.flatnonzero(pool.counts >= POOL_MIN_SAMPLES) if pool is not None else np.zeros(0, np.int64)
+    if len(use):
+        pick = pool.draw(use, rng.random((k, len(use), n)))
+        resid = pool.resid[pick]
+        # A truncated sample drawn again stays truncated with the odds that make the group's truncation
+        # share the estimate's p_trunc (which applies the length drift to it); otherwise it keeps its
+        # drift-shifted value.
+        share = pool.capped_share()[use]
+        keep = np.minimum(1.0, np.asarray(est.p_trunc, dtype=np.float64)[use] / np.maximum(share, 1e-12))
+        capped = pool.capped[pick] & (rng.random(pick.shape) < keep[None, :, None])
+        noise[:, use, :] = np.where(capped, np.inf, resid)
+        # Resampling n of the prompt's past samples already moves the group's median as much as sampling
+        # does (the measured pred_log_error holds that noise too): only the drift beyond it, back-tested by
+        # the estimator (`center_drift_sd`), shifts a resampled group's center further.
+        # The residuals already carry the mean, so that shift is mean-preserving (E[exp(shift)] = 1).
+        tau[use] = float(est.params.get("center_drift_sd", 0.0))
+    shift = tau[None, :, None] * z_center
+    if len(use):
+        shift[:, use, :] -= 0.5 * tau[use][None, :, None] ** 2
+    return np.clip(np.rint(med[None, :, None] * np.exp(shift + noise)), 1.0, cap)
 
 
 @dataclass

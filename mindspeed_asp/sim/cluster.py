@@ -21,7 +21,7 @@ Planning stays above the simulator (docs/design.md section 3): callers pass `pla
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -158,19 +158,13 @@ class Windows:
         return self.take(idx)
 
     def take(self, idx: np.ndarray) -> "Windows":
-        return Windows(prompts=self.prompts.subset(idx), truth=self.truth[idx], estimate=_subset(self.estimate, idx),
+        return Windows(prompts=self.prompts.subset(idx), truth=self.truth[idx], estimate=self.estimate.subset(idx),
                        window_groups=self.window_groups, minibatch=self.minibatch,
                        max_new_tokens=self.max_new_tokens)
 
     def tokens(self) -> float:
         """prompt + response tokens of every sample (what e2e_tps counts)."""
         return float(self.truth.sum() + self.truth.shape[1] * np.asarray(self.prompts.prompt_lens).sum())
-
-
-def _subset(est: LengthEstimate, idx: np.ndarray) -> LengthEstimate:
-    return replace(est, median=est.median[idx], group_max=est.group_max[idx], sigma=est.sigma[idx],
-                   p_trunc=est.p_trunc[idx], has_history=est.has_history[idx],
-                   samples=None if est.samples is None else est.samples[idx])
 
 
 @dataclass
