@@ -65,14 +65,11 @@ def sample_scenarios(problem: PlanningProblem, k: int, rng: np.random.Generator)
         keep = np.minimum(1.0, np.asarray(est.p_trunc, dtype=np.float64)[use] / np.maximum(share, 1e-12))
         capped = pool.capped[pick] & (rng.random(pick.shape) < keep[None, :, None])
         noise[:, use, :] = np.where(capped, np.inf, resid)
-        # Resampling n of the prompt's past samples already moves the group's median as much as sampling
-        # does (the measured pred_log_error holds that noise too): only the drift beyond it, back-tested by
-        # the estimator (`center_drift_sd`), shifts a resampled group's center further.
-        # The residuals already carry the mean, so that shift is mean-preserving (E[exp(shift)] = 1).
-        tau[use] = float(est.params.get("center_drift_sd", 0.0))
+        # No extra shift of a resampled group's center: drawing n of the prompt's past samples already moves
+        # its median as much as sampling does (the measured pred_log_error is mostly that noise), and the
+        # back-tested center uncertainty is meaningless for bimodal prompts, whose median jumps between modes.
+        tau[use] = 0.0
     shift = tau[None, :, None] * z_center
-    if len(use):
-        shift[:, use, :] -= 0.5 * tau[use][None, :, None] ** 2
     return np.clip(np.rint(med[None, :, None] * np.exp(shift + noise)), 1.0, cap)
 
 
