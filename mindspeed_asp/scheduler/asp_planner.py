@@ -22,9 +22,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspeed_asp.fluid import GroupMoments, group_moments, rollout_lower_bound
+from mindspeed_asp.fluid import GroupMoments, group_moments
 from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
+from mindspeed_asp.sim.metrics import rollout_lower_bound as scenario_lower_bound
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
 from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
@@ -376,20 +377,23 @@ def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Gen
     Scored with the event simulator (the planner sits above it, docs/design.md section 3) at the problem's
     size: its slots and KV budget (preemptions cost recompute time there, as in the engine), streaming
     trainer with the problem's max_lag and work stealing (the regime the plan runs in), alpha set so that
-    training the window takes rho times its predicted rollout bound R_LB (as `trainer_for_rho` does with the
-    true lengths); every candidate sees the same scenarios (common random numbers). Small windows get more
+    training the window takes rho times the mean rollout bound R_LB of the scenarios (as `trainer_for_rho`
+    does with the true lengths); every candidate sees the same scenarios (common random numbers). Small windows get more
     scenarios (`scenario_count`); an oracle estimate gives its one exact scenario.
     Returns the scores, the evaluator code (2 = simulator), the number of scenarios and the scenarios (pass
     them back to score more candidates on the same draws). `train_orders`, when given, receives each
     candidate's training order (groups in update order) in the first scenario.
     """
-    gm = group_moments(problem)
-    r_hat = rollout_lower_bound(gm, problem.instances, problem.cost, kv_budget=problem.spec.kv_budget)
-    train_total = float(problem.rho) * r_hat
     if lengths is None:
         lengths = scenarios.sample_scenarios(problem, scenario_count(problem), rng)
     sim_problem = _scoring_spec(problem, lengths)
     plen = np.asarray(problem.prompts.prompt_lens, dtype=np.float64)
+    # rho is trainer time over R_LB of the lengths actually generated (the runtime's RhoMeter, the
+    # benchmarks' trainer_for_rho), so the scored trainer takes rho x the scenarios' own mean R_LB, not the
+    # bound of the predicted group-max quantiles (an upper quantile of every group's max overstates it)
+    r_hat = float(np.mean([scenario_lower_bound(scen, plen, problem.instances, sim_problem.spec,
+                                                problem.cost)["rollout/R_LB"] for scen in lengths]))
+    train_total = float(problem.rho) * r_hat
     tokens = float((lengths.sum(axis=2) + problem.prompts.n * plen[None, :]).sum(axis=1).mean())
     trainer = TrainerModel(alpha=train_total / max(tokens, 1e-12), overhead=0.0, minibatch=problem.minibatch)
     out = []
