@@ -179,13 +179,12 @@ def first_window_advice(result, prompts, est, *, cost, rho: float, kv_budget: Op
                         seed: int):
     """Regime advice on the plan's first window, in the regime the plan was built for (its header)."""
     from mindspeed_asp.experiments.advice import regime_advice
-    from mindspeed_asp.scheduler.build import slice_estimate
     from mindspeed_asp.types import InstanceSpec, PlanningProblem
 
     plan = result.plan
     rows = plan.iteration_rows(0)
     h = plan.header
-    problem = PlanningProblem(prompts=prompts.subset(rows), estimate=slice_estimate(est, rows),
+    problem = PlanningProblem(prompts=prompts.subset(rows), estimate=est.subset(rows),
                               instances=plan.instances, spec=InstanceSpec(slots=int(h["slots"]), kv_budget=kv_budget),
                               minibatch=int(h["minibatch_groups"]), cost=cost, max_new_tokens=int(max_new_tokens),
                               rho=float(rho), seed=int(seed), max_lag=int(h["max_lag"]),

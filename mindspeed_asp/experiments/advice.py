@@ -128,13 +128,12 @@ def lag_points(minibatches: int, chosen: int) -> List[int]:
 
 def _shrink(problem: PlanningProblem, max_seqs: int) -> PlanningProblem:
     """The window's first groups on proportionally fewer instances, at most `max_seqs` sequences."""
-    from mindspeed_asp.scheduler.build import slice_estimate
 
     G, n = len(problem.prompts), problem.prompts.n
     per_inst = max(1, G // problem.instances)
     m = max(1, min(problem.instances, max_seqs // max(1, per_inst * n)))
     keep = np.arange(min(G, m * per_inst))
-    return replace(problem, prompts=problem.prompts.subset(keep), estimate=slice_estimate(problem.estimate, keep),
+    return replace(problem, prompts=problem.prompts.subset(keep), estimate=problem.estimate.subset(keep),
                    instances=m)
 
 

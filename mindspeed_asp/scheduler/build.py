@@ -25,11 +25,6 @@ from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEsti
 ASP_FAMILY = ("asp", "oracle_asp")
 
 
-def slice_estimate(est: LengthEstimate, rows: np.ndarray) -> LengthEstimate:
-    """The estimate restricted to `rows` (same order)."""
-    return est.subset(rows)
-
-
 def iteration_starts(num_groups: int, groups_per_iteration: Optional[int]) -> List[int]:
     """Window boundaries: consecutive dataset slices of `groups_per_iteration` (the last may be shorter)."""
     if num_groups <= 0:
@@ -112,7 +107,7 @@ def build_plan(prompts: PromptSet, estimate: LengthEstimate, *, instances: int, 
     chosen: Optional[Dict[str, Any]] = None
     for it in windows:
         rows = np.arange(starts[it], starts[it + 1])
-        problem = PlanningProblem(prompts=prompts.subset(rows), estimate=slice_estimate(estimate, rows),
+        problem = PlanningProblem(prompts=prompts.subset(rows), estimate=estimate.subset(rows),
                                   instances=int(instances), spec=spec, minibatch=int(minibatch), cost=cost,
                                   max_new_tokens=int(max_new_tokens), rho=float(rho),
                                   seed=int(rng.integers(1 << 31)), max_lag=int(max_lag),
