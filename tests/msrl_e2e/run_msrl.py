@@ -6,10 +6,12 @@
 The driver installs the CPU stand-ins, imports MindSpeed-RL (`cli/train_grpo.py`, as a cluster's launcher
 does), starts a local Ray with the project's `runtime_env.yaml` (its `worker_process_setup_hook` is ASP's,
 behind the stand-ins), and calls `train.remote(config)`. Everything the workers print reaches this process's
-stdout (Ray forwards it), which the tier's tests read: MindSpeed-RL's iteration lines and ASP's audit file.
+stdout (Ray forwards it); the workers' own output files are also copied to `worker_output.log` in the run
+directory, complete (Ray's forwarding can drop the last lines at shutdown). The tier's tests read those and
+ASP's audit file.
 
-A pre-empted run and its restart: `--stop-after-save K` interrupts the run (SIGINT, as a scheduler would stop
-it) once the checkpoint of iteration K and ASP's state beside it exist; `--resume` runs the same directory
+A pre-empted run and its restart: `--stop-after-save K` kills the run (every Ray process at once, as a scheduler
+pre-empts a job) once the checkpoint of iteration K and ASP's state beside it exist; `--resume` runs the same directory
 again from its checkpoint (Megatron's `finetune` off, the plan kept), auditing into `asp_audit_resume.jsonl`.
 """
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -56,13 +57,31 @@ def build_plan(workdir: Path, cfg_path: Path, gbs: int, n: int, instances: int, 
     return plan
 
 
-def stop_after(path: Path, poll_s: float = 0.2) -> threading.Thread:
-    """Interrupt this process (SIGINT -> KeyboardInterrupt in the launcher's `ray.get`) once `path` exists."""
+def collect_worker_output(session_dir: str, dest: Path) -> None:
+    """Copy what every Ray worker wrote (its stdout and stderr files in the session's log folder) to `dest`.
+
+    The driver's copy of worker output is forwarded asynchronously, so its last lines can be lost when the
+    driver shuts Ray down right after `train` returns; the files the workers write are complete."""
+    logs = Path(session_dir) / "logs"
+    with dest.open("w") as out:
+        for f in sorted(logs.glob("worker-*.out")) + sorted(logs.glob("worker-*.err")):
+            out.write(f.read_text(errors="replace"))
+
+
+def stop_after(path: Path, session_dir: str, worker_log: Path, message: str, poll_s: float = 0.2) -> threading.Thread:
+    """Pre-empt the run once `path` exists, as a cluster scheduler does: every Ray process is killed at once
+    (no graceful shutdown in which the train task could go on to the next checkpoint), then this driver exits."""
     def watch() -> None:
         while not path.exists():
             time.sleep(poll_s)
         print(f"[msrl-e2e] {path.name} written: stopping the run", flush=True)
-        os.kill(os.getpid(), signal.SIGINT)
+        import ray
+        node = ray._private.worker._global_node  # noqa: SLF001 - the only handle on the local cluster's processes
+        node.kill_all_processes(check_alive=False, allow_graceful=False)
+        collect_worker_output(session_dir, worker_log)
+        print(message, flush=True)
+        sys.stderr.flush()
+        os._exit(0)
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
@@ -133,21 +152,21 @@ def main() -> int:
     # A cluster's `ray start --resources` declares the NPUs; here a local Ray with logical NPUs, and logical
     # CPUs oversubscribed on purpose (TransferDock alone asks for 10 on a 2-core machine). MindSpeed-RL's
     # main() sees Ray initialised and skips its own ray.init.
-    ray.init(num_cpus=32, resources={"NPU": 8}, runtime_env=runtime_env, include_dashboard=False,
-             log_to_driver=True)
+    ctx = ray.init(num_cpus=32, resources={"NPU": 8}, runtime_env=runtime_env, include_dashboard=False,
+                   log_to_driver=True)
+    session_dir = ctx.address_info["session_dir"]
+    worker_log = out / ("worker_output_resume.log" if args.resume else "worker_output.log")
     t0 = time.time()
     if args.stop_after_save:
         from mindspeed_asp.integrations.mindspeed_rl.resume_state import state_path
-        stop_after(state_path(cfg["actor_config"]["save"], args.stop_after_save))
+        stop_after(state_path(cfg["actor_config"]["save"], args.stop_after_save), session_dir, worker_log,
+                   f"[msrl-e2e] {args.mode} stopped after the checkpoint of iteration {args.stop_after_save}")
     argv = sys.argv
     sys.argv = [str(Path(msrl) / "cli" / "train_grpo.py"), "--config-path", str(out), "--config-name", "run",
                 f"hydra.run.dir={out / 'hydra'}", "hydra.output_subdir=null"]
     try:
         launcher["main"]()
-    except KeyboardInterrupt:
-        if not args.stop_after_save:
-            raise
-        print(f"[msrl-e2e] {args.mode} stopped after the checkpoint of iteration {args.stop_after_save}", flush=True)
+        collect_worker_output(session_dir, worker_log)
     finally:
         sys.argv = argv
         if ray.is_initialized():

@@ -48,7 +48,10 @@ def run_mode(workdir: Path, mode: str, without_asp: bool = False, iters: int = I
     assert proc.returncode == 0, f"{name} failed (log {log}):\n" + text[-6000:]
     audit = workdir / name / audit_name
     records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
-    return {"iterations": read_iterations(log), "audit": records, "dir": workdir / name, "log": text}
+    worker_log = workdir / name / audit_name.replace("asp_audit", "worker_output").replace(".jsonl", ".log")
+    assert worker_log.is_file(), f"{name} left no copy of its workers' output (log {log}):\n" + text[-3000:]
+    return {"iterations": read_iterations(worker_log), "audit": records, "dir": workdir / name,
+            "log": text + worker_log.read_text(errors="replace")}
 
 
 @pytest.fixture(scope="session")
