@@ -10,7 +10,7 @@ from typing import Tuple
 
 #: Planners with an algorithm of their own (scheduler/asp_planner.py, scheduler/baselines.py).
 BASE_PLANNERS: Tuple[str, ...] = ("asp", "stock", "random", "sorted_asc", "sorted_desc", "round_robin",
-                                  "least_loaded", "verl_kk", "lpt")
+                                  "least_loaded", "verl_kk", "lpt", "shared_desc")
 #: Other names of a base planner's algorithm (docs/design.md section 11.4).
 ALIASES: Tuple[str, ...] = ("dataset_order", "fifo")
 #: Base planners that also run fed true lengths, as `oracle_<name>`.

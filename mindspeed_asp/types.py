@@ -212,12 +212,24 @@ class Assignment:
     """A planner's answer: per instance the ordered group indices, and a minibatch tag per group.
 
     `minibatch[g] = -1` means untagged: the trainer takes groups in arrival order.
+    `shared` means the groups are not pinned to instances: they wait in one queue in `shared_order()` and
+    the instance with the fewest groups in flight takes the next (least-loaded dispatch, as the runtime's
+    async mode, in the plan's order). The orders then hold that queue dealt round-robin, position by
+    position, so a shared plan has the same shape (file, checks) as a pinned one.
     """
 
     orders: List[np.ndarray]
     minibatch: np.ndarray
     planner: str
     params: Dict[str, float] = field(default_factory=dict)
+    shared: bool = False
+
+    def shared_order(self) -> np.ndarray:
+        """The groups in the order a shared queue hands them out: position 0 of every instance, then 1, ..."""
+        if not self.orders:
+            return np.zeros(0, dtype=np.int64)
+        width = max(len(o) for o in self.orders)
+        return np.asarray([int(o[p]) for p in range(width) for o in self.orders if p < len(o)], dtype=np.int64)
 
     def validate(self, num_groups: int) -> None:
         """Every group placed exactly once; raises ValueError otherwise."""

@@ -153,3 +153,33 @@ def test_requeue_puts_stale_group_first():
     d.requeue(t.gid)
     assert [x.gid for x in d.fifo] == [0, 1, 2]
     assert d.fifo[0].attempt == 1
+
+
+def test_a_shared_plan_window_goes_least_loaded_in_plan_order():
+    d = Dispatcher("plan", instances=2, capacity=2)
+    d.load_window(tickets(5), plan_queues=[[4, 0, 2], [1, 3]], shared=True)  # queue: 4, 1, 0, 3, 2
+    out = d.fill()
+    assert [t.gid for _, t in out] == [4, 1, 0, 3]
+    assert sorted(j for j, _ in out) == [0, 0, 1, 1] and d.steals == []
+    j = d.owner(1)
+    assert d.on_finished(j, 1)
+    assert [(k, t.gid) for k, t in d.fill()] == [(j, 2)]
+
+
+def test_windows_go_out_oldest_first_whether_pinned_or_shared():
+    d = Dispatcher("plan", instances=2, capacity=1)
+    d.load_window(tickets(4), plan_queues=[[0, 1], [2, 3]], shared=True)
+    d.load_window([Ticket(g) for g in (4, 5)], plan_queues=[[4], [5]])  # a newer pinned window
+    first = d.fill()
+    assert sorted(t.gid for _, t in first) == [0, 2]  # the older shared window first
+    for j, t in first:
+        assert d.on_finished(j, t.gid)
+    assert sorted(t.gid for _, t in d.fill()) == [1, 3]
+    d2 = Dispatcher("plan", instances=2, capacity=1)
+    d2.load_window(tickets(4), plan_queues=[[0, 1], [2, 3]])
+    d2.load_window([Ticket(g) for g in (4, 5)], plan_queues=[[4, 5], []], shared=True)  # newer shared window
+    assert sorted(t.gid for _, t in d2.fill()) == [0, 2]  # pinned, older work first
+    state = d2.state_dict()
+    d3 = Dispatcher("plan", instances=2, capacity=1)
+    d3.load_state_dict(state)
+    assert d3.shared_window == d2.shared_window and d3.pinned_window == d2.pinned_window

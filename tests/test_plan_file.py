@@ -186,3 +186,30 @@ def test_estimate_lengths_measures_prediction_error_and_windows_reuse_the_search
     params = res.plan.header["planner_params"]
     assert "reused_from" not in params[0] and params[1]["reused_from"] == 0.0 and params[5]["reused_from"] == 4.0
     assert params[1]["theta"] == params[0]["theta"] and params[1]["order_rule"] == params[0]["order_rule"]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_shared_iteration_survives_the_file(tmp_path, suffix):
+    """An iteration the selection left unpinned (one queue in plan order) is read back as one: the runtime's
+    dispatcher and the simulator take its queue from the file, position by position."""
+    from mindspeed_asp.scheduler import baselines
+    from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
+
+    prompts, est = dataset(G=12)
+    problems = [PlanningProblem(prompts=prompts.subset(np.arange(lo, lo + 6)),
+                                estimate=est.subset(np.arange(lo, lo + 6)), instances=2, spec=InstanceSpec(slots=8), minibatch=3,
+                                cost=CostModel(a=0.01, b=1e-4, c=1e-7), max_new_tokens=2048) for lo in (0, 6)]
+    shared = baselines.plan_shared_desc(problems[0], np.random.default_rng(0))
+    pinned = baselines.plan_lpt(problems[1], np.random.default_rng(0))
+    plan = DispatchPlan.from_assignments(prompts, [0, 6, 12], [shared, pinned], est.median, est.group_max, {})
+    back = DispatchPlan.load(plan.save(tmp_path / f"plan{suffix}"), prompts)
+    assert back.is_shared(0) and not back.is_shared(1)
+    assert back.assignment(0).shared and not back.assignment(1).shared
+    queue = [str(prompts.prompt_ids[g]) for g in shared.shared_order()]
+    assert back.shared_queue(0) == queue
+    assert np.array_equal(back.assignment(0).shared_order(), shared.shared_order())
+    assert queue[0] == str(prompts.prompt_ids[int(np.argmax(est.median[:6]))])  # longest predicted first
+    bad = dict(back.header, shared_iterations=[5])
+    with pytest.raises(InputError, match="shared_iterations"):
+        DispatchPlan(bad, back.cols, path="p")
+    assert isinstance(Assignment(orders=[], minibatch=np.zeros(0), planner="x").shared_order(), np.ndarray)

@@ -105,8 +105,8 @@ def simulated(mode: str, max_lag: int) -> Decisions:
             t0 += res.metrics["time/iteration"]
         return Decisions(dispatch, {}, mbs, starts)
     prob = problem(lengths, predicted, np.arange(G))
-    if mode == "asp":
-        a = Assignment(orders=queues, minibatch=tags, planner="script")
+    if mode in ("asp", "asp_shared"):  # asp_shared: the plan's order from one queue, least-loaded
+        a = Assignment(orders=queues, minibatch=tags, planner="script", shared=mode == "asp_shared")
         res = simulate_pipeline(prob, a, L, mode="stream", max_lag=max_lag, trainer=TRAINER, with_bounds=False,
                                 group_capacity=1)
     else:  # async: one FIFO in dataset order, untagged
@@ -143,12 +143,14 @@ def runtime(mode: str, max_lag: int) -> Decisions:
     load = group_moments(prob).area  # the simulator's steal load (predicted tokens)
     now = 0.0
     lag = LagPolicy(0 if mode == "stock" else max_lag, M)
-    d = Dispatcher(MODE_POLICY[mode], INSTANCES, capacity=None if mode == "stock" else 1,
-                   work_stealing=mode == "asp", clock=lambda: now, lag=lag)
+    planned = mode in ("asp", "asp_shared")
+    d = Dispatcher(MODE_POLICY["asp" if planned else mode], INSTANCES, capacity=None if mode == "stock" else 1,
+                   work_stealing=planned, clock=lambda: now, lag=lag)
     q = SampleQueue(lag)
-    prefer = "plan_tag" if mode == "asp" else "oldest"
-    if mode == "asp":
-        d.load_window([Ticket(g, float(load[g])) for g in range(G)], plan_queues=[q_.tolist() for q_ in queues])
+    prefer = "plan_tag" if planned else "oldest"
+    if planned:
+        d.load_window([Ticket(g, float(load[g])) for g in range(G)], plan_queues=[q_.tolist() for q_ in queues],
+                      shared=mode == "asp_shared")
     elif mode == "async":
         d.load_window([Ticket(g, float(load[g])) for g in range(G)])
     loaded = G if mode != "stock" else 0
@@ -195,7 +197,7 @@ def runtime(mode: str, max_lag: int) -> Decisions:
             times.append(now)
             assert d.on_finished(j, gid)
             v = dispatch[gid][2]
-            q.put(_Group(gid, [_Sample(v)] * N, int(tags[gid]) if mode == "asp" else -1), version=v)
+            q.put(_Group(gid, [_Sample(v)] * N, int(tags[gid]) if planned else -1), version=v)
             train()
     assert q.trained == G and q.stale_total == 0 and lag.accepted == lag.trained == G
     assert len(set(times)) == len(times), "the script has simultaneous events: pick another seed"
@@ -206,7 +208,7 @@ def runtime(mode: str, max_lag: int) -> Decisions:
 
 # --------------------------------------------------------------------------------------------- the test
 @pytest.mark.parametrize("max_lag", [0, 1, 2])
-@pytest.mark.parametrize("mode", ["stock", "async", "asp"])
+@pytest.mark.parametrize("mode", ["stock", "async", "asp", "asp_shared"])
 def test_simulator_and_runtime_take_the_same_decisions(mode, max_lag):
     sim, rt = simulated(mode, max_lag), runtime(mode, max_lag)
     rt.assert_equal(sim)
@@ -225,3 +227,15 @@ def test_the_script_exercises_every_decision():
     assert flat != arrival  # the plan tags (and versions) decided the order, not arrival alone
     lags = [k - asp2.dispatch[g][2] for k, mb in enumerate(asp2.minibatches) for g in mb]
     assert max(lags) == 2
+
+
+def test_a_shared_plan_goes_out_in_plan_order_without_steals():
+    """asp_shared is not asp under another name: nothing is stolen, and groups start in the plan's order read
+    position by position (the shared queue), each on the instance that is free first."""
+    _, _, queues, _ = script()
+    shared = runtime("asp_shared", 2)
+    assert shared.stolen == {}
+    by_start = sorted(shared.dispatch, key=lambda g: (shared.dispatch[g][1], shared.dispatch[g][0]))
+    width = max(len(q) for q in queues)
+    assert by_start == [int(q[p]) for p in range(width) for q in queues if p < len(q)]
+    assert shared.dispatch != runtime("asp", 2).dispatch

@@ -36,3 +36,23 @@ def test_next_window_uses_observed_lengths(tmp_path):
     h = LengthHistory()
     assert h.append_rollout_log(log) == 16
     assert h.latest_epoch() == 0
+
+
+def test_a_shared_window_reaches_the_dispatcher_as_one_queue():
+    """A window the planner leaves unpinned is loaded as one FIFO in its order (not as instance queues)."""
+    from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
+
+    ps = prompts()
+    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4, planner="shared_desc"), ps, max_new_tokens=200,
+                       instances=2)
+    for i in range(16):
+        wp.observe(f"p{i}", 0, [10 * (i + 1)] * 4)
+    plan = wp.plan(list(range(16, 32)))
+    assert plan.shared
+    d = Dispatcher("plan", instances=2, capacity=3)
+    d.load_window([Ticket(g, plan.predicted_tokens[g]) for g in range(16, 32)], plan_queues=plan.queues,
+                  shared=plan.shared)
+    assert all(not q for q in d.queues)
+    assert [t.gid for t in d.fifo] == list(range(31, 15, -1))  # longest predicted first: the last prompts
+    picks = d.fill()
+    assert [t.gid for _, t in picks] == [31, 30, 29, 28, 27, 26] and d.steals == []

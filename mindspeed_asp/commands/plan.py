@@ -32,7 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--slots", type=positive_int, default=None, help="max concurrent sequences per instance B")
     p.add_argument("--minibatch", type=positive_int, default=None, help="trainer minibatch M, in prompt groups")
     p.add_argument("--planner", default=None, help="asp (default) or a baseline: stock, random, sorted_asc, "
-                   "sorted_desc, round_robin, least_loaded, verl_kk, lpt, oracle_asp, oracle_lpt, oracle_verl_kk")
+                   "sorted_desc, round_robin, least_loaded, verl_kk, lpt, shared_desc (longest first from one shared "
+                   "queue), oracle_asp, oracle_lpt, oracle_verl_kk")
     p.add_argument("--groups-per-iteration", type=positive_int, default=None,
                    help="prompt groups per training iteration (default: the whole dataset is one iteration)")
     p.add_argument("--n", type=positive_int, default=8, help="samples per prompt (default 8)")
@@ -221,6 +222,7 @@ def plan_summary(result, max_new_tokens: int, advice=None, plan_seconds: Optiona
         "dataset_fingerprint": plan.fingerprint,
         "max_lag": int(plan.header["max_lag"]),
         "work_stealing": bool(plan.header["work_stealing"]),
+        "shared_iterations": len(plan.header.get("shared_iterations") or []),
     }
     if plan_seconds is not None:
         out["plan_seconds"] = float(plan_seconds)
@@ -246,6 +248,9 @@ def format_summary(s: Dict[str, Any], path: str) -> str:
         f"  fluid makespan    {s['pred_makespan_s']:.1f} s vs its fluid bound {s['pred_bound_s']:.1f} s "
         f"({s['pred_above_bound_pct']:+.1f}%; the planner's model on both sides)",
     ]
+    shared = int(s.get("shared_iterations", 0))
+    lines.append(f"  dispatch          {s['iterations'] - shared} iteration(s) pinned to instance queues, {shared} "
+                 f"from one shared queue (least-loaded: the selection found no pinned plan faster there)")
     g = s.get("gap")
     if g is not None:
         lines.append(f"  true-bound gap    first window: simulated rollout {g['sim_rollout_s']:.1f} s vs lower bound "

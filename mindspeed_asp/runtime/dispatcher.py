@@ -15,7 +15,9 @@ Three policies, one per runtime mode (docs/design.md section 6):
   the fewest groups in flight (OpenRLHF's rule).
 - `plan` (mode `asp`): each instance pulls from its own plan queue in plan order; an instance whose queue
   is empty steals not-yet-started groups from the tail of the most loaded queue (every steal is logged),
-  after every free instance with work of its own has taken it.
+  after every free instance with work of its own has taken it. A shared window of the plan (the planner
+  chose not to pin its groups, `Assignment.shared`) waits in the one FIFO in the plan's order and goes
+  out as in `least_loaded`; an instance takes from it once its own queue is empty, before it would steal.
 
 Every group is in exactly one state (queued, in flight on one instance, done), so a group is never handed
 out twice, and results from an instance that no longer owns a group are refused.
@@ -75,6 +77,9 @@ class Dispatcher:
     steals: List[StealEvent] = field(init=False)
     redispatched: int = field(init=False, default=0)
     dispatched: int = field(init=False, default=0)
+    windows_loaded: int = field(init=False, default=0)  # plan policy: windows loaded so far
+    shared_window: Dict[int, int] = field(init=False)  # plan policy: gid -> window it was loaded in, shared ...
+    pinned_window: Dict[int, int] = field(init=False)  # ... and pinned windows (which go out first)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -88,13 +93,17 @@ class Dispatcher:
         self.lost_instances = set()
         self.done = set()
         self.steals = []
+        self.shared_window = {}
+        self.pinned_window = {}
 
     # ------------------------------------------------------------------ loading work
-    def load_window(self, tickets: Sequence[Ticket], plan_queues: Optional[Sequence[Sequence[int]]] = None) -> None:
+    def load_window(self, tickets: Sequence[Ticket], plan_queues: Optional[Sequence[Sequence[int]]] = None,
+                    shared: bool = False) -> None:
         """Add a window (an iteration, an epoch) of groups.
 
-        `plan` needs `plan_queues` (per instance, the ordered gids of this window); the other policies take
-        `tickets` in dataset order.
+        `plan` needs `plan_queues` (per instance, the ordered gids of this window; with `shared`, one queue
+        dealt round-robin, read back position by position into the FIFO); the other policies take `tickets`
+        in dataset order.
         """
         known = self._known()
         by_gid = {t.gid: t for t in tickets}
@@ -107,6 +116,13 @@ class Dispatcher:
             placed = [g for q in plan_queues for g in q]
             if sorted(placed) != sorted(by_gid):
                 raise ValueError("plan queues do not cover exactly this window's groups")
+            self.windows_loaded += 1
+            if shared:
+                width = max((len(q) for q in plan_queues), default=0)
+                self.fifo.extend(by_gid[q[p]] for p in range(width) for q in plan_queues if p < len(q))
+                self.shared_window.update((g, self.windows_loaded) for g in by_gid)
+                return
+            self.pinned_window.update((g, self.windows_loaded) for g in by_gid)
             for j, q in enumerate(plan_queues):
                 target = j if self.alive[j] else self._lightest_queue()
                 self.queues[target].extend(by_gid[g] for g in q)
@@ -153,9 +169,13 @@ class Dispatcher:
         if self.policy == "least_loaded":
             return (offered[0], self.fifo.popleft()) if self.fifo else None
         # plan and stock: instances with work of their own first, then a thief
+        if self.fifo and self._shared_first():  # plan: a shared window loaded before any pinned work left
+            return offered[0], self.fifo.popleft()
         j = wake_order(offered, [bool(q) for q in self.queues])[0]
         if self.queues[j]:
             return j, self.queues[j].popleft()
+        if self.fifo:  # plan: a shared window after the pinned ones, to instances out of work of their own
+            return j, self.fifo.popleft()
         if self.policy == "plan" and self.work_stealing:
             loads = [self._queue_load(k) for k in range(self.instances)]
             victim = steal_victim(loads, (k for k in range(self.instances)
@@ -223,7 +243,10 @@ class Dispatcher:
                 "queues": [[asdict(t) for t in q] for q in self.queues], "fifo": [asdict(t) for t in self.fifo],
                 "in_flight": [[asdict(t) for t in q.values()] for q in self.in_flight],
                 "done": sorted(self.done), "steals": [asdict(s) for s in self.steals],
-                "redispatched": self.redispatched, "dispatched": self.dispatched}
+                "redispatched": self.redispatched, "dispatched": self.dispatched,
+                "windows_loaded": self.windows_loaded,
+                "shared_window": sorted(self.shared_window.items()),
+                "pinned_window": sorted(self.pinned_window.items())}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore `state_dict()` output into a fresh dispatcher of the same policy and instance count.
@@ -243,6 +266,9 @@ class Dispatcher:
         self.steals = [StealEvent(**s) for s in state["steals"]]
         self.redispatched = int(state["redispatched"])
         self.dispatched = int(state["dispatched"])
+        self.windows_loaded = int(state.get("windows_loaded", 0))  # absent in checkpoints before shared windows
+        self.shared_window = {int(g): int(w) for g, w in state.get("shared_window", [])}
+        self.pinned_window = {int(g): int(w) for g, w in state.get("pinned_window", [])}
 
     def abandon_in_flight(self) -> List[int]:
         """Groups in flight on instances that are gone as a whole (a stopped run being resumed) go back to
@@ -291,6 +317,14 @@ class Dispatcher:
         for q in self.in_flight:
             s.update(q)
         return s
+
+    def _shared_first(self) -> bool:
+        """Plan policy: the shared FIFO's head was loaded in an earlier window than every pinned group still
+        queued (windows go out oldest first, so the lag bound is not spent on newer pinned work)."""
+        if self.policy != "plan":
+            return False
+        head = self.shared_window.get(self.fifo[0].gid, 0)
+        return all(head < self.pinned_window.get(q[0].gid, 0) for q in self.queues if q)
 
     def _queue_load(self, j: int) -> float:
         return sum(t.predicted for t in self.queues[j])

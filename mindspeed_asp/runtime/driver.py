@@ -369,13 +369,14 @@ class Driver:
             self.prepared = None
             self.loaded_plans.append({"window": self.window_index, "groups": len(gids), "planner": plan.planner,
                                       "ahead": ahead, "plan_seconds": plan.plan_seconds, "cost": plan.cost,
-                                      "rho": plan.rho, "queues": plan.queues,
+                                      "rho": plan.rho, "queues": plan.queues, "shared": plan.shared,
                                       "minibatch": [plan.minibatch[g] for g in gids], "gids": gids})
             tickets = [Ticket(g, plan.predicted_tokens[g]) for g in gids]
             self.minibatch_tag.update(plan.minibatch)
-            self.dispatcher.load_window(tickets, plan_queues=plan.queues)
+            self.dispatcher.load_window(tickets, plan_queues=plan.queues, shared=plan.shared)
             self.recorder.event("plan", window=self.window_index, groups=len(gids),
                                 with_history=plan.with_history, planner=plan.planner, ahead=ahead,
+                                shared=plan.shared,
                                 plan_seconds=round(plan.plan_seconds, 4), cost=plan.cost, rho=plan.rho)
         else:
             caps = {g: float(self.prompt_list[g % self.P][2]) for g in gids}
@@ -451,9 +452,10 @@ class Driver:
             pid = self.prompt_list[g][0]
             self.minibatch_tag[g] = int(plan.minibatch_of(pid))
             tickets.append(Ticket(g, float(plan.predicted(pid).get("pred_group_max", 1.0)) * self.cfg.data.n))
-        self.dispatcher.load_window(tickets, plan_queues=queues)
+        shared = plan.is_shared(it)
+        self.dispatcher.load_window(tickets, plan_queues=queues, shared=shared)
         self.recorder.event("plan", window=self.window_index, groups=len(gids), with_history=-1,
-                            planner=f"file:{plan.path}")
+                            planner=f"file:{plan.path}", shared=shared)
         self.window_index += 1
 
     # ------------------------------------------------------------------ dispatch and polling

@@ -40,6 +40,7 @@ class WindowPlan:
     cost: Dict[str, Any] = field(default_factory=dict)  # CostEstimate.as_dict() it was planned with
     rho: Dict[str, Any] = field(default_factory=dict)  # RhoEstimate.as_dict() it was planned with
     plan_seconds: float = 0.0  # wall time of estimating + planning this window
+    shared: bool = False  # the planner left the window unpinned: one queue in plan order, least-loaded
 
 
 class WindowPlanner:
@@ -148,7 +149,7 @@ class WindowPlanner:
             minibatch={int(gids[i]): int(assignment.minibatch[i]) for i in range(len(gids))},
             planner=assignment.planner, with_history=int(np.sum(est.has_history)),
             params=dict(assignment.params), cost=cost_est.as_dict(), rho=rho_est.as_dict(),
-            plan_seconds=time.perf_counter() - t0)
+            plan_seconds=time.perf_counter() - t0, shared=bool(assignment.shared))
         w = len(self.windows)
         self.windows.append(plan)
         self._window_left[w] = len(gids)

@@ -7,7 +7,9 @@ room) -> Karmarkar-Karp of the rest seeded with the tail loads -> move/swap loca
 time -> per-instance order by the laxity rule and the token-weighted completion curve -> length-stratified
 minibatch tags -> choice among the candidates by the mean end-to-end time over sampled length scenarios.
 The candidates hold every simple baseline's own plan (sorted_desc, lpt, verl_kk, round_robin = fifo,
-sorted_asc, least_loaded), so the selection never picks something worse than them on its own scenarios.
+sorted_asc, least_loaded) and two plans that pin nothing (one shared queue, least-loaded dispatch, in dataset
+order = the async mode, or longest first), so the selection never picks something worse than them on its own
+scenarios.
 Candidates are event-simulated in the regime the plan will run in (the problem's max_lag, work stealing,
 rho, KV budget) on the whole window when the simulated-sequence budget allows, else on a stratified
 subsample with slots and KV budget in proportion, whose best few are then re-scored on the whole window
@@ -60,7 +62,11 @@ REFINE_TOP = 4
 REFINE_SCENARIOS = 4
 # Every simple baseline's own plan is a candidate (placement, order, no tags): with exact lengths and the
 # whole window scored, ASP is then never behind any of them in the regime it scores.
-BASELINE_ORDERS = ("sorted_desc", "lpt", "verl_kk", "round_robin", "sorted_asc", "least_loaded")
+# shared_fifo and shared_desc pin nothing: the groups wait in one queue (dataset order, i.e. the runtime's async
+# mode; predicted-longest first, i.e. online LPT) and the least-loaded instance takes the next, so the selection
+# can also choose not to pin groups where adapting at run time wins (weak predictions, KV preemptions).
+BASELINE_ORDERS = ("sorted_desc", "lpt", "verl_kk", "round_robin", "sorted_asc", "least_loaded", "shared_fifo",
+                   "shared_desc")
 
 
 def effective_eps(eps_base: float, rho: float) -> float:
@@ -224,7 +230,7 @@ def order_instance(members: np.ndarray, gm: GroupMoments, slots: int, eps: float
 
 ORDER_RULES = {"curve": 0.0, "random": 1.0, "long_first": 2.0,  # params["order_rule"] codes
                "sorted_desc": 3.0, "sorted_asc": 4.0, "verl_kk": 5.0, "lpt": 6.0, "round_robin": 7.0,
-               "least_loaded": 8.0}
+               "least_loaded": 8.0, "shared_fifo": 9.0, "shared_desc": 10.0}
 SCOPES = {"none": -1.0, "subsample": 0.0, "full": 1.0, "subsample+full_top": 2.0}  # params["selection_scope"]
 
 
@@ -350,7 +356,7 @@ def baseline_candidate(problem: PlanningProblem, rule: str, rng: np.random.Gener
     if tagged:
         gm = gm if gm is not None else group_moments(problem)
         tags = stratified_minibatches(gm.area, predicted_completion(orders, gm, problem), problem.minibatch)
-    return Assignment(orders=orders, minibatch=tags, planner=name,
+    return Assignment(orders=orders, minibatch=tags, planner=name, shared=base.shared,
                       params={"theta": BASELINE_THETA if tagged else BASELINE_OWN_THETA,
                               "order_rule": ORDER_RULES[rule], "eps_base": 0.0, "eps": 0.0,
                               "rho": float(problem.rho), "n_tail": 0.0, "local_moves": 0.0})
@@ -547,8 +553,15 @@ def plan_asp(problem: PlanningProblem, rng: np.random.Generator, name: str = "as
         theta = thetas[0] if theta_grid is not None else DEFAULT_THETA
         rule = use[0] if rules is not None else DEFAULT_RULE
         eps_base = epss[0] if eps_grid is not None else DEFAULT_EPS
-        if rule in BASELINE_ORDERS:
-            a = baseline_candidate(problem, rule, rng, name, gm, tagged=theta != BASELINE_OWN_THETA)
+        if rule in BASELINE_ORDERS and theta == BASELINE_OWN_THETA:
+            # a baseline's own plan chosen before (a reused choice): tagged in the training order of one
+            # scored scenario, as `_Search.winner` tags it when it wins a selection
+            one = _Search(problem, name, rng, ())
+            one.gm = gm
+            one.score([(theta, rule, 0.0)])
+            a = one.winner(0)
+        elif rule in BASELINE_ORDERS:
+            a = baseline_candidate(problem, rule, rng, name, gm, tagged=True)
         else:
             owner, info = balance(gm, problem, theta)
             a = build_candidate(problem, gm, owner, info, theta, rule, eps_base, name, rng)

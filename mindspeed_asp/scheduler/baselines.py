@@ -15,9 +15,9 @@ from mindspeed_asp.fluid import group_moments
 from mindspeed_asp.types import Assignment, PlanningProblem
 
 
-def _untagged(orders: List[np.ndarray], G: int, name: str, **params: float) -> Assignment:
+def _untagged(orders: List[np.ndarray], G: int, name: str, shared: bool = False, **params: float) -> Assignment:
     a = Assignment(orders=[np.asarray(o, dtype=np.int64) for o in orders],
-                   minibatch=np.full(G, -1, dtype=np.int64), planner=name, params=dict(params))
+                   minibatch=np.full(G, -1, dtype=np.int64), planner=name, params=dict(params), shared=shared)
     a.validate(G)
     return a
 
@@ -88,6 +88,21 @@ def plan_least_loaded(problem: PlanningProblem, rng: np.random.Generator) -> Ass
         tick += 1
     orders = [np.flatnonzero(owner == j) for j in range(m)]
     return _untagged(orders, G, "least_loaded", group_slots=float(cap))
+
+
+def plan_shared_fifo(problem: PlanningProblem, rng: np.random.Generator) -> Assignment:
+    """The runtime's async mode as a plan: dataset order from one shared queue, least-loaded dispatch."""
+    G = len(problem.prompts)
+    return _untagged(_deal(np.arange(G), problem.instances), G, "shared_fifo", shared=True)
+
+
+def plan_shared_desc(problem: PlanningProblem, rng: np.random.Generator) -> Assignment:
+    """Online LPT: predicted-longest first from one shared queue, each to the least-loaded instance. Pinning
+    nothing, it adapts to lengths that come out other than predicted and to KV preemptions slowing one
+    instance, where a pinned plan can only rebalance by stealing."""
+    G = len(problem.prompts)
+    seq = np.argsort(-_pred_tokens(problem), kind="stable")
+    return _untagged(_deal(seq, problem.instances), G, "shared_desc", shared=True)
 
 
 def plan_verl_kk(problem: PlanningProblem, rng: np.random.Generator) -> Assignment:

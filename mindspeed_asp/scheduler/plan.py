@@ -105,6 +105,8 @@ class DispatchPlan:
             "n": prompts.n,
             "instances": int(head.get("instances", instances)),
             "iteration_starts": starts,
+            # iterations dispatched from one shared queue in the plan's order (Assignment.shared)
+            "shared_iterations": [it for it, a in enumerate(assignments) if a.shared],
         })
         return cls(head, cols)
 
@@ -127,6 +129,11 @@ class DispatchPlan:
         m = int(h.get("instances", 0))
         if G and (c["instance"].min() < 0 or c["instance"].max() >= m):
             raise InputError(f"instance index outside 0..{m - 1}", path=where, key="instance")
+        shared = h.get("shared_iterations", [])
+        if not isinstance(shared, list) or any(not isinstance(i, int) or not 0 <= i < len(starts) - 1
+                                                for i in shared):
+            raise InputError(f"shared_iterations must list iteration indices in 0..{len(starts) - 2}",
+                             path=where, key="shared_iterations")
 
     def check_dataset(self, prompts: PromptSet) -> None:
         """Refuse a plan built for another dataset (ids, prompt lengths, n or order differ)."""
@@ -209,9 +216,21 @@ class DispatchPlan:
                    int(self._cell_bounds[(iteration + 1) * self.instances]))
         tags[self.cols["row"][sl] - start] = self.cols["minibatch"][sl]
         params = self.iteration_params(iteration)
-        a = Assignment(orders=orders, minibatch=tags, planner=str(self.header.get("planner", "")), params=params)
+        a = Assignment(orders=orders, minibatch=tags, planner=str(self.header.get("planner", "")), params=params,
+                       shared=self.is_shared(iteration))
         a.validate(hi - lo)
         return a
+
+    def is_shared(self, iteration: int) -> bool:
+        """Whether the iteration's groups wait in one shared queue (read position by position across the
+        instances' queues) for the least-loaded instance, instead of in per-instance queues."""
+        return int(iteration) in set(self.header.get("shared_iterations") or [])
+
+    def shared_queue(self, iteration: int) -> List[str]:
+        """The prompt ids of a shared iteration in the order its queue hands them out."""
+        queues = [self.instance_queue(iteration, j) for j in range(self.instances)]
+        width = max((len(q) for q in queues), default=0)
+        return [q[p] for p in range(width) for q in queues if p < len(q)]
 
     def iteration_params(self, iteration: int) -> Dict[str, float]:
         per = self.header.get("planner_params") or []

@@ -60,6 +60,7 @@ _BASE: Dict[str, Planner] = {
     "least_loaded": baselines.plan_least_loaded,
     "verl_kk": baselines.plan_verl_kk,
     "lpt": baselines.plan_lpt,
+    "shared_desc": baselines.plan_shared_desc,
 }
 
 PLANNERS: Dict[str, Planner] = {name: _named(fn, name) for name, fn in _BASE.items()}

@@ -263,7 +263,9 @@ def simulate_stream(model: ClusterModel, wins: Windows, split: Split, mode: str,
     trainer = model.trainer.model(split.trainer_devices, M)
     steal = mode == "asp"
     orders: List[List[np.ndarray]] = [[] for _ in range(split.instances)]
+    queue: List[np.ndarray] = []  # the windows' shared orders, one after the other
     tags = []
+    shared = []
     for w in range(K):
         win = wins.window(w)
         tok = float(win.tokens())
@@ -271,14 +273,22 @@ def simulate_stream(model: ClusterModel, wins: Windows, split: Split, mode: str,
         rho = trainer.train_time(tok) / r_lb if r_lb > 0 else 1.0
         problem = _problem(win, split, spec, cost, max_lag, rho, steal)
         a = plan(problem)
+        shared.append(a.shared)
+        queue.append(a.shared_order() + w * Gw)
         for j, o in enumerate(a.orders):
             orders[j].append(np.asarray(o, dtype=np.int64) + w * Gw)
         mb = np.asarray(a.minibatch, dtype=np.int64)
         tags.append(np.where(mb >= 0, mb + w * (Gw // M), -1))
     full = [np.concatenate(o) if o else np.zeros(0, dtype=np.int64) for o in orders]
+    # every window unpinned: one shared queue, window after window; a mix of pinned and shared windows is
+    # simulated pinned (the shared ones as dealt, with stealing), an approximation of the runtime's FIFO
+    all_shared = bool(shared) and all(shared)
+    if all_shared:
+        q = np.concatenate(queue)
+        full = [q[j::split.instances] for j in range(split.instances)]
     tag = np.concatenate(tags)
     assignment = Assignment(orders=full, minibatch=tag if (tag >= 0).any() else np.full(len(tag), -1),
-                            planner=mode)
+                            planner=mode, shared=all_shared)
     all_wins = wins.take(np.arange(K * Gw))
     problem = _problem(all_wins, split, spec, cost, max_lag, 1.0, steal)
     res = simulate_pipeline(problem, assignment, all_wins.truth, mode="stream", max_lag=max_lag, trainer=trainer,

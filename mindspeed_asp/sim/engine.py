@@ -30,7 +30,8 @@ Where an instance's next group comes from when its own queue is empty is the sha
   their count). Taking from the tail keeps the victim's plan order; a partly admitted group is never split;
   the group moves only once the gate admits it (the runtime steals only within its admission budget).
 - `dispatch="fifo"` (the runtime's async mode): the head of one shared queue in dataset order; the
-  instances start with empty queues.
+  instances start with empty queues. `dispatch="shared"` (a shared plan, `Assignment.shared`): the same,
+  with the queue in the plan's order (the orders read position by position, `Assignment.shared_order`).
 When several instances are offered work at once (the start, `notify` after a version bump), they go in the
 policy's order: fewest running first, those with work of their own before those that would take it
 elsewhere. Every steal is counted per thief and per group.
@@ -55,7 +56,7 @@ from mindspeed_asp.policy import lightest, offer_order, steal_victim, wake_order
 from mindspeed_asp.types import CostModel, InstanceSpec
 
 INF = float("inf")
-DISPATCH = ("plan", "fifo")
+DISPATCH = ("plan", "fifo", "shared")
 _OWN, _NONE, _FIFO = -1, -2, -3  # where the next group comes from (>= 0: the victim of a steal)
 _ADMITTED, _HELD, _RETRY = 0, 1, 2  # the gate's answer for a group, as the admission loop acts on it
 
@@ -317,8 +318,13 @@ class Cluster:
         self.dispatch = dispatch
         self._fifo: List[int] = []  # fifo dispatch: groups in dataset order, taken from _fifo_ptr on
         self._fifo_ptr = 0
-        if dispatch == "fifo":
+        if dispatch == "shared":
+            width = max((len(o) for o in orders), default=0)
+            self._fifo = [int(o[p]) for p in range(width) for o in orders if p < len(o)]
+            self.dispatch = dispatch = "fifo"  # from here on a shared queue like fifo's, in the plan's order
+        elif dispatch == "fifo":
             self._fifo = np.flatnonzero(seen).tolist()
+        if dispatch == "fifo":
             self.group_instance[:] = -1
             for j, ins in enumerate(self.insts):
                 ins.queue, ins.head, self._qload[j] = [], [], 0.0

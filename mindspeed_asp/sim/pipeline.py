@@ -271,7 +271,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     and `trainer_devices` only set the devices `throughput/e2e_tps` divides by (`run_devices`; docs/design.md
     section 5). `with_bounds=False` skips the bounds (for
     planners that call this inside a search loop). `work_stealing` None means on for "stream", off otherwise.
-    `dispatch="fifo"` hands groups out in dataset order from one queue (the runtime's async mode).
+    `dispatch="fifo"` hands groups out in dataset order from one queue (the runtime's async mode); a shared
+    plan (`assignment.shared`) is handed out from one queue in its own order (`dispatch="shared"`).
     `group_capacity` (stream mode) is the most groups one instance holds in flight when the lag budget is dealt
     out; None means the runtime driver's `ceil(slots / n) + 1`.
     """
@@ -280,6 +281,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {DISPATCH}, got {dispatch!r}")
     spec, orders, scale, m_eff = _instances(problem, assignment, mode, single_scaling)
+    if dispatch == "plan" and assignment.shared and mode != "single":
+        dispatch = "shared"  # the plan's order from one queue, least-loaded (no stealing: nothing is pinned)
     steal = (mode == "stream") if work_stealing is None else bool(work_stealing)
     steal = steal and mode != "single" and problem.instances > 1 and dispatch == "plan"
     P = np.asarray(problem.prompts.prompt_lens, dtype=np.int64)

@@ -219,6 +219,7 @@ class PlanOrderedBatches:
         self.equal_counts = equal_counts  # vLLM data parallelism: see balance_queues
         self.iteration = start_iteration
         self.last_queues: List[List[str]] = []
+        self.last_shared = False  # the last iteration's groups wait in one shared queue (DispatchPlan.is_shared)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return self
@@ -250,6 +251,8 @@ class PlanOrderedBatches:
         if self.publish is not None:
             self.publish(self.iteration, queues, self.n)
         self.last_queues = queues
+        is_shared = getattr(self.plan, "is_shared", None)
+        self.last_shared = bool(is_shared(self.iteration)) if is_shared is not None else False
         self.iteration += 1
         return collate_prompts(items, ids, self.additional_keys)
 
