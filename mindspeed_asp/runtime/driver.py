@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 import sys
 import time
 from collections import defaultdict
@@ -119,7 +120,10 @@ class Driver:
         self.plan_iteration = 0
         self.step_cursor: Dict[int, int] = {}  # per instance: engine steps already read for the online cost fit
         self.step_start: Dict[int, int] = {}  # per instance: engine steps before the loop (warm-up), not the run's
-        self.prepared: Optional[tuple] = None  # (gids, WindowPlan) planned ahead while the driver was idle
+        # (gids, PendingPlan, Future of its Assignment): the next window, being planned on `plan_thread` while
+        # the loop goes on dispatching and collecting
+        self.prepared: Optional[tuple] = None
+        self.plan_thread: Optional[ThreadPoolExecutor] = None
         self.loaded_plans: List[Dict[str, Any]] = []  # each loaded window: what it was planned with, its queues
         self.ray_session = RaySession(cfg.run.ray_address, num_cpus=cfg.run.ray_num_cpus,
                                       object_store_mb=cfg.run.ray_object_store_mb, env=QUIET_ENV)
@@ -365,7 +369,13 @@ class Driver:
             self.infos[g] = _GroupInfo(g, g // self.P, g % self.P, window=self.window_index)
         if self.planner is not None:
             ahead = self.prepared is not None and self.prepared[0] == gids
-            plan = self.prepared[1] if ahead else self._plan_window(gids)
+            if ahead:
+                _, pending, future = self.prepared
+                plan = self.planner.finish(pending, future.result())  # waits only if it is still planning
+            else:
+                if self.prepared is not None:  # planned for other groups (stale drops changed the count)
+                    self.prepared[2].cancel()
+                plan = self._plan_window(gids)
             self.prepared = None
             self.loaded_plans.append({"window": self.window_index, "groups": len(gids), "planner": plan.planner,
                                       "ahead": ahead, "plan_seconds": plan.plan_seconds, "cost": plan.cost,
@@ -404,9 +414,12 @@ class Driver:
             self.step_cursor[j] = int(total)
 
     def _plan_ahead(self) -> None:
-        """Streaming asp: while the driver waits, plan the next window so that loading it later costs no
-        planning time; only once every group of the previous epoch of the window's prompts came back, so the
-        plan sees the same per-prompt history as at load time (docs/runtime.md "Planning each window")."""
+        """Streaming asp: while the driver waits, start planning the next window on a thread of its own, so
+        that loading it later costs no planning time and the loop goes on collecting and dispatching while
+        the planner searches; only once every group of the previous epoch of the window's prompts came back,
+        so the plan sees the same per-prompt history as at load time (docs/runtime.md "Planning each
+        window"). The estimate is made here, on the loop's thread (it reads the history the loop writes);
+        the search (`WindowPlanner.solve`) needs nothing else."""
         if self.planner is None or self.mode != "asp" or self.prepared is not None or self.plan_file is not None:
             return
         window = self.cfg.asp.replan_every * self.M if self.cfg.asp.replan_every > 0 else self.P
@@ -416,7 +429,13 @@ class Driver:
         gids = list(range(self.next_gid, self.next_gid + size))
         if any(g >= self.P and g - self.P not in self.spans for g in gids):
             return  # a prompt's previous-epoch lengths are still coming: plan when the window is due
-        self.prepared = (gids, self._plan_window(gids))
+        if self.cfg.asp.online_fit:
+            self._read_engine_steps()
+        pending = self.planner.prepare(gids)
+        if self.plan_thread is None:
+            self.plan_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-plan")
+        future: Future = self.plan_thread.submit(self.planner.solve, pending)
+        self.prepared = (gids, pending, future)
 
     def _write_engine_steps(self) -> None:
         """engine_steps.jsonl: every engine step of the run per instance (active sequences, KV tokens, prefill
@@ -636,6 +655,8 @@ class Driver:
         return summary
 
     def _shutdown(self) -> None:
+        if self.plan_thread is not None:
+            self.plan_thread.shutdown(wait=False, cancel_futures=True)
         if self.pool is not None and not (self.keep_pool and self.stop.requested is None):
             self.pool.shutdown(graceful=not self.stop.aborted)  # a second signal: kill, do not ask
         if self.recorder is not None:

@@ -24,7 +24,7 @@ import numpy as np
 from mindspeed_asp.config import AspSection
 from mindspeed_asp.cost_model import cost_from_section
 from mindspeed_asp.runtime.online_cost import CostEstimate, OnlineCostFit, RhoEstimate, RhoMeter
-from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem, PromptSet
+from mindspeed_asp.types import Assignment, CostModel, InstanceSpec, PlanningProblem, PromptSet
 
 
 @dataclass
@@ -41,6 +41,22 @@ class WindowPlan:
     rho: Dict[str, Any] = field(default_factory=dict)  # RhoEstimate.as_dict() it was planned with
     plan_seconds: float = 0.0  # wall time of estimating + planning this window
     shared: bool = False  # the planner left the window unpinned: one queue in plan order, least-loaded
+
+
+@dataclass
+class PendingPlan:
+    """A window between `WindowPlanner.prepare` (estimate, problem: reads the history) and `finish`: `solve`
+    needs nothing else, so the driver can run it on a thread while its loop keeps dispatching."""
+
+    gids: List[int]
+    problem: PlanningProblem
+    with_history: int
+    predicted: np.ndarray  # predicted tokens per group of the window
+    cost: CostEstimate
+    rho: RhoEstimate
+    seed: int  # of the planner's generator (the window's own: `solve` touches no shared state)
+    prepare_seconds: float
+    solve_seconds: float = 0.0
 
 
 class WindowPlanner:
@@ -126,6 +142,12 @@ class WindowPlanner:
         """Estimate the window's lengths from the current history and place it on the instances.
 
         `rho` overrides the planning rho (tests); by default it is `planning_inputs()`'s."""
+        pending = self.prepare(gids, rho)
+        return self.finish(pending, self.solve(pending))
+
+    def prepare(self, gids: Sequence[int], rho: Optional[float] = None) -> PendingPlan:
+        """The window's planning problem: its lengths estimated from the history as it is now, the cost and
+        rho to score with. Runs where `observe` runs (it reads the history)."""
         t0 = time.perf_counter()
         cost_est, rho_est = self.planning_inputs()
         if rho is not None:
@@ -140,16 +162,28 @@ class WindowPlanner:
                                   max_new_tokens=self.max_new_tokens, rho=max(float(rho_est.rho), 1e-6),
                                   seed=int(self.rng.integers(1 << 31)), max_lag=int(self.asp.max_lag),
                                   work_stealing=bool(self.asp.work_stealing))
-        assignment = self.planner(problem, self.rng)
-        assignment.validate(len(gids))
-        pred = est.sample_lengths(sub.n).sum(axis=1)
+        return PendingPlan(gids=[int(g) for g in gids], problem=problem, with_history=int(np.sum(est.has_history)),
+                           predicted=est.sample_lengths(sub.n).sum(axis=1), cost=cost_est, rho=rho_est,
+                           seed=int(self.rng.integers(1 << 31)), prepare_seconds=time.perf_counter() - t0)
+
+    def solve(self, pending: PendingPlan) -> Assignment:
+        """Place the window (the planner's search): a function of `pending` alone, safe on another thread."""
+        t0 = time.perf_counter()
+        assignment = self.planner(pending.problem, np.random.default_rng(pending.seed))
+        assignment.validate(len(pending.gids))
+        pending.solve_seconds = time.perf_counter() - t0
+        return assignment
+
+    def finish(self, pending: PendingPlan, assignment: Assignment) -> WindowPlan:
+        """The window's plan in gids, recorded as planned (its groups then count towards the rho meter)."""
+        gids, pred = pending.gids, pending.predicted
         plan = WindowPlan(
             queues=[[int(gids[i]) for i in order] for order in assignment.orders],
             predicted_tokens={int(gids[i]): float(pred[i]) for i in range(len(gids))},
             minibatch={int(gids[i]): int(assignment.minibatch[i]) for i in range(len(gids))},
-            planner=assignment.planner, with_history=int(np.sum(est.has_history)),
-            params=dict(assignment.params), cost=cost_est.as_dict(), rho=rho_est.as_dict(),
-            plan_seconds=time.perf_counter() - t0, shared=bool(assignment.shared))
+            planner=assignment.planner, with_history=pending.with_history,
+            params=dict(assignment.params), cost=pending.cost.as_dict(), rho=pending.rho.as_dict(),
+            plan_seconds=pending.prepare_seconds + pending.solve_seconds, shared=bool(assignment.shared))
         w = len(self.windows)
         self.windows.append(plan)
         self._window_left[w] = len(gids)
