@@ -268,6 +268,7 @@ def asp_time_breakdown(s: Dict[str, Any]) -> Dict[str, Any]:
     w = s.get("plan/windows") or []
     return {"windows": len(w), "planned_ahead": sum(bool(x.get("ahead")) for x in w),
             "shared_windows": sum(bool(x.get("shared")) for x in w),
+            "searched_windows": sum(bool(x.get("searched", True)) for x in w),
             "plan_s_total": float(sum(x["plan_seconds"] for x in w)),
             "plan_s_on_critical_path": float(sum(x["plan_seconds"] for x in w if not x.get("ahead"))),
             "steals": s.get("steals", 0), "bubble/sorting": s.get("bubble/sorting"), "run_s": s.get("time/run"),

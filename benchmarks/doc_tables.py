@@ -371,18 +371,20 @@ def runtime(d: Json) -> str:
                 continue
             last = [x["planned_with"][-1] for x in xs if x["planned_with"]]
             rows.append([_MODE_LABEL.get(m, m), num(np.mean([x["windows"] for x in xs]), 1),
+                         num(np.mean([x.get("searched_windows", x["windows"]) for x in xs]), 1),
                          num(np.mean([x.get("shared_windows", 0) for x in xs]), 1),
                          num(np.mean([x["plan_s_total"] for x in xs]), 2),
                          num(np.mean([x["plan_s_on_critical_path"] for x in xs]), 2),
                          num(np.mean([x["steals"] for x in xs]), 1),
                          ", ".join(f"{x['a_ms']:.2f} ms / {x['rho']:.2f}" for x in last)])
-        out += ["**Where asp's time goes** (mean per run): windows planned, of them left unpinned (one shared "
+        out += ["**Where asp's time goes** (mean per run): windows planned, of them searched (the others reuse the "
+                "last search's choice: `asp.plan_share`), of them left unpinned (one shared "
                 "queue, least-loaded: the selection found no pinned plan faster), planning seconds in all and on the "
                 "critical path (a window planned ahead while the driver waited is off it, though where the driver "
                 "shares cores with the instances it still takes their CPU), steals, and the last "
                 "window's fitted step cost a / measured rho per seed (the first window of every run is planned "
                 "with the configured cost and rho = 1):", "",
-                table(["mode", "windows", "unpinned", "planning s", "on critical path s", "steals",
+                table(["mode", "windows", "searched", "unpinned", "planning s", "on critical path s", "steals",
                        "last window: a / rho"],
                       rows), ""]
     sim = d.get("simulator")

@@ -73,6 +73,9 @@ class AspSection(Strict):
                              "fitted from the run's own engine steps and the measured rho (runtime/online_cost.py)")
     plan_ahead: bool = Field(True, description="runtime: plan the next window while the driver waits for "
                              "results, so loading it costs no planning time on the critical path")
+    plan_share: float = Field(0.05, gt=0.0, le=1.0, description="runtime: the share of the run's wall time the "
+                              "asp planner's search may take; a window planned when the budget is spent reuses "
+                              "the last search's choice (runtime/replan.py)")
 
     @field_validator("planner")
     @classmethod

@@ -56,3 +56,25 @@ def test_a_shared_window_reaches_the_dispatcher_as_one_queue():
     assert [t.gid for t in d.fifo] == list(range(31, 15, -1))  # longest predicted first: the last prompts
     picks = d.fill()
     assert [t.gid for _, t in picks] == [31, 30, 29, 28, 27, 26] and d.steals == []
+
+
+def test_the_search_keeps_to_its_share_of_the_wall_time():
+    """asp.plan_share: a window due before the last search's time is paid back reuses that search's choice
+    (no scoring); once enough wall time has passed, the next window is searched again."""
+    now = [0.0]
+    ps = prompts(P=32)
+    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4, plan_share=0.05), ps, max_new_tokens=200,
+                       instances=2, clock=lambda: now[0])
+    for i in range(32):
+        wp.observe(f"p{i}", 0, [5 * (i % 7 + 1)] * 4)
+    first = wp.plan(list(range(32, 40)))
+    assert first.searched and first.params["scenarios"] > 0
+    cost = first.plan_seconds
+    now[0] += 0.5 * cost / 0.05  # half the wall time the search's cost needs at a 5% share
+    second = wp.plan(list(range(40, 48)))
+    assert not second.searched and second.params.get("reused_choice") == 1.0
+    assert second.params["order_rule"] == first.params["order_rule"]
+    assert sorted(g for q in second.queues for g in q) == list(range(40, 48))
+    now[0] += 2.0 * cost / 0.05  # now the budget covers it
+    third = wp.plan(list(range(48, 56)))
+    assert third.searched and "reused_choice" not in third.params

@@ -119,6 +119,7 @@ class Driver:
         self.plan_file: Optional[DispatchPlan] = None
         self.plan_iteration = 0
         self.step_cursor: Dict[int, int] = {}  # per instance: engine steps already read for the online cost fit
+        self.step_refs: Optional[Dict[int, Any]] = None  # step_log calls sent and not read yet (plan ahead)
         self.step_start: Dict[int, int] = {}  # per instance: engine steps before the loop (warm-up), not the run's
         # (gids, PendingPlan, Future of its Assignment): the next window, being planned on `plan_thread` while
         # the loop goes on dispatching and collecting
@@ -380,6 +381,7 @@ class Driver:
             self.loaded_plans.append({"window": self.window_index, "groups": len(gids), "planner": plan.planner,
                                       "ahead": ahead, "plan_seconds": plan.plan_seconds, "cost": plan.cost,
                                       "rho": plan.rho, "queues": plan.queues, "shared": plan.shared,
+                                      "searched": plan.searched,
                                       "minibatch": [plan.minibatch[g] for g in gids], "gids": gids})
             tickets = [Ticket(g, plan.predicted_tokens[g]) for g in gids]
             self.minibatch_tag.update(plan.minibatch)
@@ -399,11 +401,22 @@ class Driver:
             self._read_engine_steps()
         return self.planner.plan(gids)
 
-    def _read_engine_steps(self) -> None:
-        """Hand the engine steps each live instance ran since the last read to the planner's cost fit."""
+    def _read_engine_steps(self, wait: bool = True) -> bool:
+        """Hand the engine steps each live instance ran since the last read to the planner's cost fit.
+
+        `wait=False` (planning ahead) only sends the calls, or takes their answers once all are in, and
+        returns whether they were taken: the loop is not held up while a busy instance answers."""
         import ray
 
-        refs = {j: self.pool.handles[j].step_log.remote(self.step_cursor.get(j, 0)) for j in self.pool.live()}
+        if self.step_refs is None:
+            self.step_refs = {j: self.pool.handles[j].step_log.remote(self.step_cursor.get(j, 0))
+                              for j in self.pool.live()}
+        refs = self.step_refs
+        if not wait and refs:
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
+            if len(ready) < len(refs):
+                return False
+        self.step_refs = None
         for j, ref in refs.items():
             try:
                 total, rows = ray.get(ref, timeout=30)
@@ -412,6 +425,7 @@ class Driver:
             if j in self.step_cursor and self.planner is not None:  # the first read only sets the cursor
                 self.planner.add_engine_steps(rows)
             self.step_cursor[j] = int(total)
+        return True
 
     def _plan_ahead(self) -> None:
         """Streaming asp: while the driver waits, start planning the next window on a thread of its own, so
@@ -429,8 +443,8 @@ class Driver:
         gids = list(range(self.next_gid, self.next_gid + size))
         if any(g >= self.P and g - self.P not in self.spans for g in gids):
             return  # a prompt's previous-epoch lengths are still coming: plan when the window is due
-        if self.cfg.asp.online_fit:
-            self._read_engine_steps()
+        if self.cfg.asp.online_fit and not self._read_engine_steps(wait=False):
+            return  # the instances' step logs are on their way: plan at the next idle moment
         pending = self.planner.prepare(gids)
         if self.plan_thread is None:
             self.plan_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asp-plan")
@@ -546,9 +560,8 @@ class Driver:
         """Nothing arrived and nothing to train: sleep a poll interval, counting starved trainer time."""
         t0 = time.time()
         if self.prepared is None and self.planner is not None and self.cfg.asp.plan_ahead:
-            self._plan_ahead()  # planning now costs the loop nothing: nothing arrived, nothing to train
-        else:
-            time.sleep(POLL_S)
+            self._plan_ahead()  # starts the next window's search on the planning thread (returns at once)
+        time.sleep(POLL_S)
         rollout_active = self.dispatcher.in_flight_count() > 0
         if rollout_active:
             self.recorder.trainer_starved(t0 - self.recorder.t0, time.time() - self.recorder.t0)

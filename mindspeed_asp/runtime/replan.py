@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class WindowPlan:
     cost: Dict[str, Any] = field(default_factory=dict)  # CostEstimate.as_dict() it was planned with
     rho: Dict[str, Any] = field(default_factory=dict)  # RhoEstimate.as_dict() it was planned with
     plan_seconds: float = 0.0  # wall time of estimating + planning this window
+    searched: bool = True  # False: the window reused the last search's choice (the planning budget was spent)
     shared: bool = False  # the planner left the window unpinned: one queue in plan order, least-loaded
 
 
@@ -56,6 +57,7 @@ class PendingPlan:
     rho: RhoEstimate
     seed: int  # of the planner's generator (the window's own: `solve` touches no shared state)
     prepare_seconds: float
+    reuse: Optional[Dict[str, Any]] = None  # plan_asp arguments of the last search's choice (no search)
     solve_seconds: float = 0.0
 
 
@@ -68,7 +70,7 @@ class WindowPlanner:
 
     def __init__(self, asp: AspSection, prompts: PromptSet, max_new_tokens: int, instances: int,
                  rollout_log: Optional[Path] = None, history=None, cost: Optional[CostModel] = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         from mindspeed_asp.scheduler.estimators import make_estimator
         from mindspeed_asp.scheduler.history import LengthHistory
         from mindspeed_asp.scheduler.planners import get_planner
@@ -92,6 +94,12 @@ class WindowPlanner:
         self.rng = np.random.default_rng(seed)
         self.observed = 0
         self.windows: List[WindowPlan] = []
+        # the search's time budget (asp.plan_share of the wall time since the first window): a search is made
+        # when the budget saved since the last one covers what that one took, else the choice is reused
+        self.plan_credit = 0.0  # seconds of search the budget still allows (negative: a search to pay back)
+        self.last_choice: Optional[Dict[str, Any]] = None
+        self._t_last_prepare: Optional[float] = None
+        self.clock = clock
 
     def observe(self, prompt_id: str, epoch: int, lengths: Sequence[int], gid: Optional[int] = None,
                 **extra) -> None:
@@ -164,12 +172,34 @@ class WindowPlanner:
                                   work_stealing=bool(self.asp.work_stealing))
         return PendingPlan(gids=[int(g) for g in gids], problem=problem, with_history=int(np.sum(est.has_history)),
                            predicted=est.sample_lengths(sub.n).sum(axis=1), cost=cost_est, rho=rho_est,
-                           seed=int(self.rng.integers(1 << 31)), prepare_seconds=time.perf_counter() - t0)
+                           seed=int(self.rng.integers(1 << 31)), prepare_seconds=time.perf_counter() - t0,
+                           reuse=self._reuse_or_search())
+
+    def _reuse_or_search(self) -> Optional[Dict[str, Any]]:
+        """The last search's choice when the planning budget saved since it does not cover another search.
+
+        Why: where windows roll out in a second or two (a CPU run) a 0.2 s search per window takes a large
+        share of the cores the instances generate on; where they take minutes every window is searched.
+        Reusing the choice of theta, order rule and eps is what `build_plan` does between `reselect_every`
+        windows."""
+        now = self.clock()
+        if self._t_last_prepare is not None:
+            self.plan_credit += float(getattr(self.asp, "plan_share", 1.0)) * (now - self._t_last_prepare)
+        self._t_last_prepare = now
+        if self.last_choice is None or self.plan_credit >= 0.0:  # the last search's time is paid back
+            return None
+        return dict(self.last_choice)
 
     def solve(self, pending: PendingPlan) -> Assignment:
         """Place the window (the planner's search): a function of `pending` alone, safe on another thread."""
         t0 = time.perf_counter()
-        assignment = self.planner(pending.problem, np.random.default_rng(pending.seed))
+        rng = np.random.default_rng(pending.seed)
+        if pending.reuse is not None:
+            from mindspeed_asp.scheduler.asp_planner import plan_asp
+            assignment = plan_asp(pending.problem, rng, name=self.asp.planner, **pending.reuse)
+            assignment.params["reused_choice"] = 1.0
+        else:
+            assignment = self.planner(pending.problem, rng)
         assignment.validate(len(pending.gids))
         pending.solve_seconds = time.perf_counter() - t0
         return assignment
@@ -177,13 +207,19 @@ class WindowPlanner:
     def finish(self, pending: PendingPlan, assignment: Assignment) -> WindowPlan:
         """The window's plan in gids, recorded as planned (its groups then count towards the rho meter)."""
         gids, pred = pending.gids, pending.predicted
+        searched = pending.reuse is None
+        if searched and self.asp.planner == "asp" and assignment.params.get("scenarios", 0.0) > 0:
+            from mindspeed_asp.scheduler.asp_planner import fixed_choice
+            self.last_choice = fixed_choice(assignment.params)
+            self.plan_credit -= pending.solve_seconds
         plan = WindowPlan(
             queues=[[int(gids[i]) for i in order] for order in assignment.orders],
             predicted_tokens={int(gids[i]): float(pred[i]) for i in range(len(gids))},
             minibatch={int(gids[i]): int(assignment.minibatch[i]) for i in range(len(gids))},
             planner=assignment.planner, with_history=pending.with_history,
             params=dict(assignment.params), cost=pending.cost.as_dict(), rho=pending.rho.as_dict(),
-            plan_seconds=pending.prepare_seconds + pending.solve_seconds, shared=bool(assignment.shared))
+            plan_seconds=pending.prepare_seconds + pending.solve_seconds, shared=bool(assignment.shared),
+            searched=searched)
         w = len(self.windows)
         self.windows.append(plan)
         self._window_left[w] = len(gids)
