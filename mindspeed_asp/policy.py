@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple, TypeVar
+
+T = TypeVar("T")
 
 STALE_POLICIES = ("drop", "regenerate")
 DEFAULT_STALE_POLICY = "regenerate"
@@ -98,6 +100,14 @@ def steal_victim(loads: Sequence[float], candidates: Iterable[int]) -> int:
         if best < 0 or loads[v] > best_load:
             best, best_load = v, loads[v]
     return best
+
+
+def shared_queue_order(queues: Sequence[Sequence[T]]) -> List[T]:
+    """A shared plan's one queue, from its per-instance queues (the queue dealt round-robin): position 0 of
+    every instance, then position 1, ... The plan file, the runtime's dispatcher and the simulator read a
+    shared window this way."""
+    width = max((len(q) for q in queues), default=0)
+    return [q[p] for p in range(width) for q in queues if p < len(q)]
 
 
 def lightest(loads: Sequence[float], candidates: Iterable[int]) -> int:

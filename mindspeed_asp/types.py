@@ -225,11 +225,10 @@ class Assignment:
     shared: bool = False
 
     def shared_order(self) -> np.ndarray:
-        """The groups in the order a shared queue hands them out: position 0 of every instance, then 1, ..."""
-        if not self.orders:
-            return np.zeros(0, dtype=np.int64)
-        width = max(len(o) for o in self.orders)
-        return np.asarray([int(o[p]) for p in range(width) for o in self.orders if p < len(o)], dtype=np.int64)
+        """The groups in the order a shared queue hands them out (`policy.shared_queue_order`)."""
+        from mindspeed_asp.policy import shared_queue_order
+
+        return np.asarray(shared_queue_order([np.asarray(o).tolist() for o in self.orders]), dtype=np.int64)
 
     def validate(self, num_groups: int) -> None:
         """Every group placed exactly once; raises ValueError otherwise."""

@@ -182,4 +182,4 @@ def test_windows_go_out_oldest_first_whether_pinned_or_shared():
     state = d2.state_dict()
     d3 = Dispatcher("plan", instances=2, capacity=1)
     d3.load_state_dict(state)
-    assert d3.shared_window == d2.shared_window and d3.pinned_window == d2.pinned_window
+    assert d3.window_of == d2.window_of and d3.windows_loaded == d2.windows_loaded == 2

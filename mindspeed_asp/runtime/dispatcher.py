@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
-from mindspeed_asp.policy import LagPolicy, lightest, offer_order, steal_victim, wake_order
+from mindspeed_asp.policy import LagPolicy, lightest, offer_order, shared_queue_order, steal_victim, wake_order
 
 POLICIES = ("stock", "least_loaded", "plan")
 MODE_POLICY = {"stock": "stock", "async": "least_loaded", "asp": "plan"}
@@ -78,8 +78,7 @@ class Dispatcher:
     redispatched: int = field(init=False, default=0)
     dispatched: int = field(init=False, default=0)
     windows_loaded: int = field(init=False, default=0)  # plan policy: windows loaded so far
-    shared_window: Dict[int, int] = field(init=False)  # plan policy: gid -> window it was loaded in, shared ...
-    pinned_window: Dict[int, int] = field(init=False)  # ... and pinned windows (which go out first)
+    window_of: Dict[int, int] = field(init=False)  # plan policy: gid -> the window it was loaded in
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -93,8 +92,7 @@ class Dispatcher:
         self.lost_instances = set()
         self.done = set()
         self.steals = []
-        self.shared_window = {}
-        self.pinned_window = {}
+        self.window_of = {}
 
     # ------------------------------------------------------------------ loading work
     def load_window(self, tickets: Sequence[Ticket], plan_queues: Optional[Sequence[Sequence[int]]] = None,
@@ -117,12 +115,10 @@ class Dispatcher:
             if sorted(placed) != sorted(by_gid):
                 raise ValueError("plan queues do not cover exactly this window's groups")
             self.windows_loaded += 1
+            self.window_of.update((g, self.windows_loaded) for g in by_gid)
             if shared:
-                width = max((len(q) for q in plan_queues), default=0)
-                self.fifo.extend(by_gid[q[p]] for p in range(width) for q in plan_queues if p < len(q))
-                self.shared_window.update((g, self.windows_loaded) for g in by_gid)
+                self.fifo.extend(by_gid[g] for g in shared_queue_order(plan_queues))
                 return
-            self.pinned_window.update((g, self.windows_loaded) for g in by_gid)
             for j, q in enumerate(plan_queues):
                 target = j if self.alive[j] else self._lightest_queue()
                 self.queues[target].extend(by_gid[g] for g in q)
@@ -244,9 +240,7 @@ class Dispatcher:
                 "in_flight": [[asdict(t) for t in q.values()] for q in self.in_flight],
                 "done": sorted(self.done), "steals": [asdict(s) for s in self.steals],
                 "redispatched": self.redispatched, "dispatched": self.dispatched,
-                "windows_loaded": self.windows_loaded,
-                "shared_window": sorted(self.shared_window.items()),
-                "pinned_window": sorted(self.pinned_window.items())}
+                "windows_loaded": self.windows_loaded, "window_of": sorted(self.window_of.items())}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore `state_dict()` output into a fresh dispatcher of the same policy and instance count.
@@ -267,8 +261,7 @@ class Dispatcher:
         self.redispatched = int(state["redispatched"])
         self.dispatched = int(state["dispatched"])
         self.windows_loaded = int(state.get("windows_loaded", 0))  # absent in checkpoints before shared windows
-        self.shared_window = {int(g): int(w) for g, w in state.get("shared_window", [])}
-        self.pinned_window = {int(g): int(w) for g, w in state.get("pinned_window", [])}
+        self.window_of = {int(g): int(w) for g, w in state.get("window_of", [])}
 
     def abandon_in_flight(self) -> List[int]:
         """Groups in flight on instances that are gone as a whole (a stopped run being resumed) go back to
@@ -323,8 +316,8 @@ class Dispatcher:
         queued (windows go out oldest first, so the lag bound is not spent on newer pinned work)."""
         if self.policy != "plan":
             return False
-        head = self.shared_window.get(self.fifo[0].gid, 0)
-        return all(head < self.pinned_window.get(q[0].gid, 0) for q in self.queues if q)
+        head = self.window_of.get(self.fifo[0].gid, 0)
+        return all(head < self.window_of.get(q[0].gid, 0) for q in self.queues if q)
 
     def _queue_load(self, j: int) -> float:
         return sum(t.predicted for t in self.queues[j])

@@ -184,7 +184,7 @@ class WindowPlanner:
         windows."""
         now = self.clock()
         if self._t_last_prepare is not None:
-            self.plan_credit += float(getattr(self.asp, "plan_share", 1.0)) * (now - self._t_last_prepare)
+            self.plan_credit += float(self.asp.plan_share) * (now - self._t_last_prepare)
         self._t_last_prepare = now
         if self.last_choice is None or self.plan_credit >= 0.0:  # the last search's time is paid back
             return None

@@ -228,9 +228,9 @@ class DispatchPlan:
 
     def shared_queue(self, iteration: int) -> List[str]:
         """The prompt ids of a shared iteration in the order its queue hands them out."""
-        queues = [self.instance_queue(iteration, j) for j in range(self.instances)]
-        width = max((len(q) for q in queues), default=0)
-        return [q[p] for p in range(width) for q in queues if p < len(q)]
+        from mindspeed_asp.policy import shared_queue_order
+
+        return shared_queue_order([self.instance_queue(iteration, j) for j in range(self.instances)])
 
     def iteration_params(self, iteration: int) -> Dict[str, float]:
         per = self.header.get("planner_params") or []

@@ -52,7 +52,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.policy import lightest, offer_order, steal_victim, wake_order
+from mindspeed_asp.policy import lightest, offer_order, shared_queue_order, steal_victim, wake_order
 from mindspeed_asp.types import CostModel, InstanceSpec
 
 INF = float("inf")
@@ -319,8 +319,7 @@ class Cluster:
         self._fifo: List[int] = []  # fifo dispatch: groups in dataset order, taken from _fifo_ptr on
         self._fifo_ptr = 0
         if dispatch == "shared":
-            width = max((len(o) for o in orders), default=0)
-            self._fifo = [int(o[p]) for p in range(width) for o in orders if p < len(o)]
+            self._fifo = [int(g) for g in shared_queue_order(orders)]
             self.dispatch = dispatch = "fifo"  # from here on a shared queue like fifo's, in the plan's order
         elif dispatch == "fifo":
             self._fifo = np.flatnonzero(seen).tolist()
