@@ -19,10 +19,11 @@ Criteria (printed with PASS/FAIL and counts; computed from the simulated means o
 3. ASP's rollout makespan with estimates <= 15% above the (tightened) R_LB of sim.metrics: rollout only, as
    bench_schedulers section 1 (barrier mode, no lag gate, stealing on), per kind;
 4. KV-bound cluster case (8 x 256 slots, 600,000 KV tokens per instance, long_cot, rho_stock 0.1/0.3/0.5 =
-   train time over stock's rollout, max_lag 1/2/K-1): ASP's e2e_tps >= the better of the two least-loaded
-   dispatches, the runtime's async mode (one FIFO in dataset order, no plan) and the least_loaded planner's
-   plan (streaming, stealing), wherever the KV budget binds (preemptions in any run), with the preemptions
-   of each;
+   train time over stock's rollout, max_lag 1/2/K-1): ASP's e2e_tps >= least-loaded async dispatch with no
+   plan (the runtime's async mode: one FIFO in dataset order), wherever the KV budget binds (preemptions in
+   any run), with the preemptions of each; and, stricter, >= the better of async and the least_loaded
+   planner's plan (its offline replay of least-loaded dispatch on predicted lengths, pinned, streaming with
+   stealing);
 and, per regime, the planner's predicted e2e (its own scoring of the chosen plan) against the simulated one.
 
 Resumable: every finished (kind, seed) unit is appended to `<out>/progress.jsonl` under a key that includes
@@ -214,13 +215,14 @@ def summarize(units: Dict[str, Dict[str, Any]], s: Settings, seeds: Sequence[int
                    "binds": binds, "asp_s": _mean(kus, key, "asp", "time/iteration"),
                    "least_loaded_s": _mean(kus, key, "least_loaded", "time/iteration"),
                    "async_s": _mean(kus, key, "async", "time/iteration"),
-                   "ok": bool(a_tps >= ref or not binds)})
+                   "ok_async": bool(a_tps >= f_tps or not binds), "ok": bool(a_tps >= ref or not binds)})
     n = len(regimes)
     n_or = sum(r["oracle_ok"] for r in regimes)
     n_asp = sum(r["asp_ok"] for r in regimes)
     n_roll = sum(v["ok"] for v in rollout.values())
     kv_b = [k for k in kv if k["binds"]]
     n_kv = sum(k["ok"] for k in kv_b)
+    n_kv_async = sum(k["ok_async"] for k in kv_b)
     criteria = {
         "oracle_le_best": {"text": "oracle ASP <= best baseline in every regime", "met": n_or, "of": n,
                            "pass": n_or == n},
@@ -229,8 +231,12 @@ def summarize(units: Dict[str, Dict[str, Any]], s: Settings, seeds: Sequence[int
                             "pass": n > 0 and n_asp / n >= 0.9},
         "rollout_within_15pct": {"text": "ASP rollout makespan (estimates) <= 15% above the tightened R_LB",
                                  "met": n_roll, "of": len(rollout), "pass": n_roll == len(rollout)},
-        "kv_asp_ge_least_loaded": {"text": "ASP e2e_tps >= the better least-loaded dispatch (async FIFO or the "
-                                           "least_loaded plan) wherever the KV budget binds",
+        "kv_asp_ge_async": {"text": "ASP e2e_tps >= least-loaded async dispatch with no plan (the runtime's "
+                                    "async mode) wherever the KV budget binds (the issue's criterion)",
+                            "met": n_kv_async, "of": len(kv_b), "pass": bool(kv_b) and n_kv_async == len(kv_b)},
+        "kv_asp_ge_least_loaded": {"text": "stricter: ASP e2e_tps >= the better least-loaded dispatch (async, or "
+                                           "the least_loaded planner's offline replay of it, pinned, with "
+                                           "stealing) wherever the KV budget binds",
                                    "met": n_kv, "of": len(kv_b), "pass": bool(kv_b) and n_kv == len(kv_b)},
     }
     return {"regimes": regimes, "rollout_only": rollout, "kv": kv, "criteria": criteria}

@@ -723,17 +723,19 @@ def robustness(d: Json) -> str:
                    f"{v['oracle_above_pct']:.1f}%", verdict(v["ok"])] for k, v in d["rollout_only"].items()]), "",
            "**KV-bound cluster case** (ASP against the two least-loaded dispatches: async = the runtime's async mode, "
            "one FIFO in dataset order, no plan; least_loaded = that planner's plan, streaming with stealing; "
-           "rho_stock = train time over stock's rollout; the budget binds where any run preempts; the target is "
-           "the better of the two):", "",
+           "rho_stock = train time over stock's rollout; the budget binds where any run preempts; the issue's "
+           "target is async, the stricter one the better of the two):", "",
            table(["rho_stock", "max_lag", "ASP e2e_tps", "async e2e_tps", "least_loaded e2e_tps",
                   "ASP / async", "ASP / least_loaded", "preemptions ASP / async / least_loaded", "budget binds",
-                  "target"],
+                  "target: async", "stricter: both"],
                  [[k["rho_stock"], f"{k['max_lag']} ({k['lag']})", num(k["asp_e2e_tps"], 0),
                    num(k.get("async_e2e_tps", float("nan")), 0), num(k["least_loaded_e2e_tps"], 0),
                    f"{k.get('ratio_async', float('nan')):.3f}x", f"{k.get('ratio_least_loaded', k['ratio']):.3f}x",
                    f"{k['asp_preemptions']:.0f} / {k.get('async_preemptions', float('nan')):.0f} / "
                    f"{k['least_loaded_preemptions']:.0f}",
-                   "yes" if k["binds"] else "no", verdict(k["ok"]) if k["binds"] else "-"] for k in d["kv"]]), ""]
+                   "yes" if k["binds"] else "no",
+                   verdict(k.get("ok_async", k["ratio_async"] >= 1.0)) if k["binds"] else "-",
+                   verdict(k["ok"]) if k["binds"] else "-"] for k in d["kv"]]), ""]
     total = sum(d["unit_seconds"].values())
     out.append(f"Wall time of the simulated units: {total / 60:.1f} min in all ({len(d['unit_seconds'])} units).")
     return "\n".join(out)

@@ -34,7 +34,7 @@ def test_criteria_are_computed_from_the_simulated_runs(quick):
     _, _, d = quick
     s = bench_robustness.QUICK
     assert set(d["criteria"]) == {"oracle_le_best", "asp_within_2pct", "rollout_within_15pct",
-                                  "kv_asp_ge_least_loaded"}
+                                  "kv_asp_ge_async", "kv_asp_ge_least_loaded"}
     assert d["command"].startswith("python benchmarks/bench_robustness.py") and d["quick"] is True
     regimes = d["regimes"]
     assert len(regimes) == len(s.kinds) * len(s.rhos) * len(s.lags)
@@ -72,6 +72,10 @@ def test_criteria_are_computed_from_the_simulated_runs(quick):
     assert c["kv_asp_ge_least_loaded"]["of"] == len(binds)
     assert c["kv_asp_ge_least_loaded"]["met"] == sum(
         k["asp_e2e_tps"] >= max(k["least_loaded_e2e_tps"], k["async_e2e_tps"]) for k in binds)
+    # the issue's own KV criterion: least-loaded async dispatch with no plan, i.e. async
+    assert c["kv_asp_ge_async"]["of"] == len(binds)
+    assert c["kv_asp_ge_async"]["met"] == sum(k["asp_e2e_tps"] >= k["async_e2e_tps"] for k in binds)
+    assert c["kv_asp_ge_async"]["met"] >= c["kv_asp_ge_least_loaded"]["met"]
 
 
 def test_rerun_resumes_and_renders(quick, capsys):
