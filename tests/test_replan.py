@@ -78,3 +78,25 @@ def test_the_search_keeps_to_its_share_of_the_wall_time():
     now[0] += 2.0 * cost / 0.05  # now the budget covers it
     third = wp.plan(list(range(48, 56)))
     assert third.searched and "reused_choice" not in third.params
+
+
+def test_the_estimate_runs_in_solve_on_the_history_as_prepare_saw_it():
+    """`prepare` (the driver's loop thread) only copies the history; `solve` (the planning thread) estimates
+    from that copy, so groups the loop records meanwhile neither race with it nor leak into the plan."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ps = prompts()
+    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4, planner="lpt"), ps, max_new_tokens=200,
+                       instances=2)
+    for i in range(8):  # half of the prompts have an epoch of history
+        wp.observe(f"p{i}", 0, [10 * (i + 1)] * 4)
+    pending = wp.prepare(list(range(16, 32)))
+    assert pending.problem is None and pending.predicted is None  # nothing estimated on the loop's thread
+    for i in range(8, 16):  # the loop goes on recording the other half
+        wp.observe(f"p{i}", 0, [500] * 4)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        plan = wp.finish(pending, pool.submit(wp.solve, pending).result())
+    assert plan.with_history == 8  # the plan saw the history as it was at prepare
+    assert len(wp.history.prompt_ids()) == 16  # while the live history has all of it
+    again = wp.plan(list(range(16, 32)))
+    assert again.with_history == 16

@@ -432,8 +432,8 @@ class Driver:
         that loading it later costs no planning time and the loop goes on collecting and dispatching while
         the planner searches; only once every group of the previous epoch of the window's prompts came back,
         so the plan sees the same per-prompt history as at load time (docs/runtime.md "Planning each
-        window"). The estimate is made here, on the loop's thread (it reads the history the loop writes);
-        the search (`WindowPlanner.solve`) needs nothing else."""
+        window"). Only a copy of the history is taken here, on the loop's thread (the loop writes the history);
+        the length estimate and the search (`WindowPlanner.solve`) run on the planning thread."""
         if self.planner is None or self.mode != "asp" or self.prepared is not None or self.plan_file is not None:
             return
         window = self.cfg.asp.replan_every * self.M if self.cfg.asp.replan_every > 0 else self.P

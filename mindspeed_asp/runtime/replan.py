@@ -46,19 +46,24 @@ class WindowPlan:
 
 @dataclass
 class PendingPlan:
-    """A window between `WindowPlanner.prepare` (estimate, problem: reads the history) and `finish`: `solve`
-    needs nothing else, so the driver can run it on a thread while its loop keeps dispatching."""
+    """A window between `WindowPlanner.prepare` (a snapshot of the history, the cost and rho to plan with) and
+    `finish`: `solve` (the length estimate, the problem, the search) needs nothing else, so the driver can run
+    it on a thread while its loop keeps dispatching."""
 
     gids: List[int]
-    problem: PlanningProblem
-    with_history: int
-    predicted: np.ndarray  # predicted tokens per group of the window
+    prompts: PromptSet  # the window's rows
+    history: Any  # LengthHistory: a copy, so the loop may go on adding to the live one
     cost: CostEstimate
     rho: RhoEstimate
+    problem_seed: int
     seed: int  # of the planner's generator (the window's own: `solve` touches no shared state)
     prepare_seconds: float
     reuse: Optional[Dict[str, Any]] = None  # plan_asp arguments of the last search's choice (no search)
     solve_seconds: float = 0.0
+    # filled by `solve`
+    problem: Optional[PlanningProblem] = None
+    with_history: int = 0
+    predicted: Optional[np.ndarray] = None  # predicted tokens per group of the window
 
 
 class WindowPlanner:
@@ -154,26 +159,34 @@ class WindowPlanner:
         return self.finish(pending, self.solve(pending))
 
     def prepare(self, gids: Sequence[int], rho: Optional[float] = None) -> PendingPlan:
-        """The window's planning problem: its lengths estimated from the history as it is now, the cost and
-        rho to score with. Runs where `observe` runs (it reads the history)."""
+        """What planning the window needs from the run's state: a copy of the history as it is now, the cost
+        and rho to score with, the search-or-reuse decision. Runs where `observe` runs (it reads the history);
+        kept to a copy because the driver's loop waits for it, while `solve` runs on a thread of its own
+        (estimating a window's lengths took ~30 ms of the loop per window on the CPU runtime)."""
         t0 = time.perf_counter()
         cost_est, rho_est = self.planning_inputs()
         if rho is not None:
             rho_est = RhoEstimate(float(rho), "argument")
         P = len(self.prompts)
         rows = np.asarray([g % P for g in gids], dtype=np.int64)
-        sub = self.prompts.subset(rows)
-        est = self.estimator.estimate(sub, self.history if len(self.history) else None, self.max_new_tokens)
-        problem = PlanningProblem(prompts=sub, estimate=est, instances=self.instances,
-                                  spec=InstanceSpec(slots=self.asp.slots, kv_budget=self.asp.kv_budget_tokens),
-                                  minibatch=self.asp.minibatch_groups, cost=cost_est.cost,
-                                  max_new_tokens=self.max_new_tokens, rho=max(float(rho_est.rho), 1e-6),
-                                  seed=int(self.rng.integers(1 << 31)), max_lag=int(self.asp.max_lag),
-                                  work_stealing=bool(self.asp.work_stealing))
-        return PendingPlan(gids=[int(g) for g in gids], problem=problem, with_history=int(np.sum(est.has_history)),
-                           predicted=est.sample_lengths(sub.n).sum(axis=1), cost=cost_est, rho=rho_est,
+        return PendingPlan(gids=[int(g) for g in gids], prompts=self.prompts.subset(rows),
+                           history=self.history.select_epochs() if len(self.history) else None,
+                           cost=cost_est, rho=rho_est, problem_seed=int(self.rng.integers(1 << 31)),
                            seed=int(self.rng.integers(1 << 31)), prepare_seconds=time.perf_counter() - t0,
                            reuse=self._reuse_or_search())
+
+    def _estimate(self, pending: PendingPlan) -> PlanningProblem:
+        """The window's planning problem: its lengths estimated from the history snapshot of `prepare`."""
+        sub = pending.prompts
+        est = self.estimator.estimate(sub, pending.history, self.max_new_tokens)
+        pending.with_history = int(np.sum(est.has_history))
+        pending.predicted = est.sample_lengths(sub.n).sum(axis=1)
+        return PlanningProblem(prompts=sub, estimate=est, instances=self.instances,
+                               spec=InstanceSpec(slots=self.asp.slots, kv_budget=self.asp.kv_budget_tokens),
+                               minibatch=self.asp.minibatch_groups, cost=pending.cost.cost,
+                               max_new_tokens=self.max_new_tokens, rho=max(float(pending.rho.rho), 1e-6),
+                               seed=pending.problem_seed, max_lag=int(self.asp.max_lag),
+                               work_stealing=bool(self.asp.work_stealing))
 
     def _reuse_or_search(self) -> Optional[Dict[str, Any]]:
         """The last search's choice when the planning budget saved since it does not cover another search.
@@ -191,8 +204,10 @@ class WindowPlanner:
         return dict(self.last_choice)
 
     def solve(self, pending: PendingPlan) -> Assignment:
-        """Place the window (the planner's search): a function of `pending` alone, safe on another thread."""
+        """Estimate the window's lengths and place it (the planner's search): a function of `pending` alone,
+        safe on another thread."""
         t0 = time.perf_counter()
+        pending.problem = self._estimate(pending)
         rng = np.random.default_rng(pending.seed)
         if pending.reuse is not None:
             from mindspeed_asp.scheduler.asp_planner import plan_asp
