@@ -91,7 +91,7 @@ def test_the_estimate_runs_in_solve_on_the_history_as_prepare_saw_it():
     for i in range(8):  # half of the prompts have an epoch of history
         wp.observe(f"p{i}", 0, [10 * (i + 1)] * 4)
     pending = wp.prepare(list(range(16, 32)))
-    assert pending.problem is None and pending.predicted is None  # nothing estimated on the loop's thread
+    assert pending.predicted is None  # nothing estimated on the loop's thread
     for i in range(8, 16):  # the loop goes on recording the other half
         wp.observe(f"p{i}", 0, [500] * 4)
     with ThreadPoolExecutor(max_workers=1) as pool:

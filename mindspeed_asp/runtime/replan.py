@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from mindspeed_asp.config import AspSection
 from mindspeed_asp.cost_model import cost_from_section
 from mindspeed_asp.runtime.online_cost import CostEstimate, OnlineCostFit, RhoEstimate, RhoMeter
 from mindspeed_asp.types import Assignment, CostModel, InstanceSpec, PlanningProblem, PromptSet
+
+if TYPE_CHECKING:
+    from mindspeed_asp.scheduler.history import LengthHistory
 
 
 @dataclass
@@ -52,7 +55,7 @@ class PendingPlan:
 
     gids: List[int]
     prompts: PromptSet  # the window's rows
-    history: Any  # LengthHistory: a copy, so the loop may go on adding to the live one
+    history: Optional["LengthHistory"]  # a copy, so the loop may go on adding to the live one
     cost: CostEstimate
     rho: RhoEstimate
     problem_seed: int
@@ -60,8 +63,7 @@ class PendingPlan:
     prepare_seconds: float
     reuse: Optional[Dict[str, Any]] = None  # plan_asp arguments of the last search's choice (no search)
     solve_seconds: float = 0.0
-    # filled by `solve`
-    problem: Optional[PlanningProblem] = None
+    # filled by `solve`, for `finish`
     with_history: int = 0
     predicted: Optional[np.ndarray] = None  # predicted tokens per group of the window
 
@@ -207,14 +209,14 @@ class WindowPlanner:
         """Estimate the window's lengths and place it (the planner's search): a function of `pending` alone,
         safe on another thread."""
         t0 = time.perf_counter()
-        pending.problem = self._estimate(pending)
+        problem = self._estimate(pending)
         rng = np.random.default_rng(pending.seed)
         if pending.reuse is not None:
             from mindspeed_asp.scheduler.asp_planner import plan_asp
-            assignment = plan_asp(pending.problem, rng, name=self.asp.planner, **pending.reuse)
+            assignment = plan_asp(problem, rng, name=self.asp.planner, **pending.reuse)
             assignment.params["reused_choice"] = 1.0
         else:
-            assignment = self.planner(pending.problem, rng)
+            assignment = self.planner(problem, rng)
         assignment.validate(len(pending.gids))
         pending.solve_seconds = time.perf_counter() - t0
         return assignment
