@@ -3,11 +3,13 @@
 Each run: 2 instances, at least 3 updates. Checked in every mode: every trained sample's lag <= max_lag
 (max_lag 0, 1, 2), versions increase by one per update, every sync verified by checksums, no group trained
 twice; in asp mode the later windows are planned from observed lengths; killing an instance mid-run
-(ray.kill) re-dispatches its groups and the run completes. One local Ray and one tiny model are shared.
+(ray.kill) re-dispatches its groups and the run completes; an instance whose engine step hangs is dropped, by
+the stall watch or by the weight-sync round that meets it. One local Ray and one tiny model are shared.
 """
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -111,6 +113,83 @@ def test_killed_instance_groups_are_redispatched(tmp_path, tiny_model):
     assert len(died) == 1 and died[0]["instance"] == 1
     # every group instance 1 held when it died was re-dispatched, and updates after the death synced 1 instance
     assert summary["redispatched"] >= killed["in_flight"]
+
+
+def _hang_engine_steps(actor) -> None:
+    """Fault injection: from now on the instance's engine step never returns (what a device kernel or collective
+    that hangs does); the actor's other threads go on answering status and drain calls, as on a real hang."""
+    import ray
+
+    def hang(inst):
+        import threading
+
+        never = threading.Event()
+        inst._engine.step = lambda *args, **kwargs: never.wait()
+        return True
+
+    assert ray.get(actor.__ray_call__.remote(hang), timeout=60)
+
+
+def test_hung_engine_is_dropped_and_its_groups_redispatched(tmp_path, tiny_model):
+    def hang_after_first(driver, rec):
+        if rec["step"] == 0:
+            _hang_engine_steps(driver.pool.handles[1])
+
+    # max_lag 0: the next update waits for every group of its minibatch, some on instance 1, so no sync round
+    # runs before the stall watch finds the hang (the sync path is the test below)
+    summary, steps, out = run(tmp_path, tiny_model, "async", 0, extra=["run.stall_timeout_s=3"],
+                              after_step=hang_after_first)
+    check_invariants(summary, steps, 0)
+    assert summary["instances_alive"] == 1
+    events = json.loads((out / "trace.json").read_text())["events"]
+    stalled = [e for e in events if e["kind"] == "instance_stalled"]
+    assert len(stalled) == 1 and stalled[0]["instance"] == 1
+    assert "hung engine step" in stalled[0]["reason"] and "run.stall_timeout_s=3" in stalled[0]["reason"]
+    died = [e for e in events if e["kind"] == "instance_died"]
+    assert len(died) == 1 and died[0]["instance"] == 1 and died[0]["error"] == "EngineStalled"
+    assert died[0]["redispatched"] >= 1  # it held groups of the next update, which instance 0 then generated
+
+
+def test_sync_round_drops_an_instance_whose_engine_hung(tiny_model):
+    """A weight-sync round meets an instance hung inside an engine step: its load waits for the engine, the
+    round times out, the pool drops that instance (its load waited half the round or more; the healthy one's
+    did not wait) and the round is retried, verified, over the live one."""
+    import ray
+
+    from mindspeed_asp.runtime.platform import platform_from_name
+    from mindspeed_asp.runtime.rollout_pool import RolloutPool
+    from mindspeed_asp.runtime.tiny_model import load_hf_model
+    from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, RequestId
+
+    events, deaths = [], []
+    pool = RolloutPool(EngineConfig(model_path=tiny_model, slots=8, max_model_len=256), 2,
+                       platform_from_name("cpu"), start_timeout_s=300, sync_timeout_s=8,
+                       on_death=lambda j, exc: deaths.append((j, exc)),
+                       event=lambda kind, **fields: events.append((kind, fields)))
+    try:
+        pool.start()
+        pool.open_sync_group()
+        model = load_hf_model(tiny_model)
+        assert pool.sync(1, model.named_parameters)["instances"] == 2
+        _hang_engine_steps(pool.handles[1])
+        assert pool.submit(1, [GroupRequest(group_id=RequestId(0), prompt_id="p0", prompt_token_ids=[11, 23, 5],
+                                            n=2, max_new_tokens=64)])
+        for _ in range(200):  # the loop admits the group and enters the step that never returns
+            st = ray.get(pool.handles[1].status.remote(), timeout=30)
+            if st["running_groups"] == 1 and st["loop_silent_s"] > 0.5:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"instance 1 never entered its hung step: {st}")
+        row = pool.sync(2, model.named_parameters)
+        assert row["instances"] == 1 and row["verified"] and row["version"] == 2
+        assert pool.live() == [0] and [j for j, _ in deaths] == [1]
+        assert "hung engine step" in str(deaths[0][1])
+        dropped = [f for kind, f in events if kind == "instance_dropped_from_sync"]
+        assert [(f["instance"], f["version"]) for f in dropped] == [(1, 2)]
+        assert ray.get(pool.handles[0].status.remote(), timeout=30)["version"] == 2
+    finally:
+        pool.shutdown()
 
 
 def test_asp_follows_offline_plan_file_then_replans(tmp_path, tiny_model):

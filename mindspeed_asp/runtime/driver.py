@@ -40,7 +40,8 @@ from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
 from mindspeed_asp.metrics import e2e_tps, split_devices
 from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_fields
 from mindspeed_asp.runtime.ray_utils import RaySession
-from mindspeed_asp.runtime.rollout_pool import RolloutPool
+from mindspeed_asp.runtime.rollout_pool import CALL_TIMEOUT_S, RolloutPool
+from mindspeed_asp.runtime.stall_watch import EngineStalled, StallWatch
 from mindspeed_asp.runtime.run_config import RunConfig, dump_config
 from mindspeed_asp.runtime.stop_signals import StopSignals
 from mindspeed_asp.runtime.types import RequestId
@@ -140,6 +141,7 @@ class Driver:
         self.next_gid = 0
         self.window_index = 0
         self.t_last_step: Optional[float] = None
+        self.stall_watch = StallWatch(cfg.run.stall_timeout_s)  # hung engines (runtime/stall_watch.py)
         self.bar: Any = None
         # checkpoints, resume and stop signals
         self.resume_dir: Optional[Path] = Path(resume) if resume is not None else None
@@ -210,7 +212,8 @@ class Driver:
             self.pool = RolloutPool(self._engine_config(), cfg.asp.instances, self.platform,
                                     threads=cfg.run.instance_threads, start_timeout_s=cfg.run.start_timeout_s,
                                     multi_node=cfg.run.ray_address is not None, on_death=self._on_instance_death,
-                                    event=self.recorder.event, progress=self.startup, alive=self.dispatcher.alive)
+                                    event=self.recorder.event, progress=self.startup, alive=self.dispatcher.alive,
+                                    sync_timeout_s=cfg.run.sync_timeout_s)
             self.pool.start()
         from mindspeed_asp.runtime.trainer import GRPOTrainer
 
@@ -252,6 +255,7 @@ class Driver:
         self.pool = pool
         self.dispatcher.alive = pool.alive
         pool.on_death, pool.event, pool.progress = self._on_instance_death, self.recorder.event, self.startup
+        pool.sync_timeout_s = self.cfg.run.sync_timeout_s  # this run's bound, from the group it forms next
         deadline = time.time() + self.cfg.run.start_timeout_s
         for j in pool.live():
             h = pool.handles[j]
@@ -331,6 +335,7 @@ class Driver:
                 self._ensure_work_loaded()
                 self._dispatch()
                 got = self._poll()
+                self._watch_engines()
                 if self._try_train():
                     every = cfg.run.checkpoint_every
                     if every and self.version % every == 0 and self.version < cfg.run.steps:
@@ -555,6 +560,15 @@ class Driver:
         results it may still deliver are refused, so each group is trained exactly once."""
         lost = self.dispatcher.on_instance_dead(j)
         self.recorder.event("instance_died", instance=j, redispatched=len(lost), error=type(exc).__name__)
+
+    def _watch_engines(self) -> None:
+        """Drop an instance whose engine hung (its step loop silent for run.stall_timeout_s while its actor
+        still answers): its groups go to the live instances, as for a dead actor (runtime/stall_watch.py)."""
+        if not self.stall_watch.due():
+            return
+        for j, why in self.stall_watch.check(self.pool.statuses(CALL_TIMEOUT_S)):
+            self.recorder.event("instance_stalled", instance=j, reason=why)
+            self.pool.mark_dead(j, EngineStalled(f"rollout instance {j}: {why}"))
 
     def _wait_idle(self) -> None:
         """Nothing arrived and nothing to train: sleep a poll interval, counting starved trainer time."""

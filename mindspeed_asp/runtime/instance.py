@@ -8,7 +8,8 @@ API (what the dispatcher and the driver call; all methods are Ray actor methods)
       .drain_finished() -> list[GroupResult]  groups finished since the last call (raises if the loop died)
       .status() -> dict                     queued, running_groups, running_seqs, finished_total, version,
                                             busy_seconds, steps, generated_tokens, paused, stolen_in,
-                                            stolen_out, weight_syncs, error
+                                            stolen_out, weight_syncs, error, loop_silent_s,
+                                            weights_wait_s
       .steal_unstarted(k) -> list[GroupRequest]   remove up to k not-started groups (from the queue's tail)
       .pause() / .resume()                  stop / restart admitting queued groups (in-flight ones go on)
       .init_weight_sync(master_addr, master_port, rank_offset, world_size) -> dict
@@ -126,6 +127,10 @@ class RolloutInstanceImpl:
         self._stats = {"finished_total": 0, "busy_seconds": 0.0, "steps": 0, "generated_tokens": 0,
                        "stolen_in": 0, "stolen_out": 0, "weight_syncs": 0, "weight_sync_seconds": 0.0}
         self._start_info: Dict[str, Any] = {}
+        # liveness of the step loop, for the driver's stall watch (runtime/stall_watch.py): when the loop
+        # last came round (monotonic; None until it runs), and since when a weight load waits for the engine
+        self._loop_beat: Optional[float] = None
+        self._weights_wait_since: Optional[float] = None
 
     # ------------------------------------------------------------------------------------------ life
     def start(self) -> Dict[str, Any]:
@@ -170,6 +175,7 @@ class RolloutInstanceImpl:
         t_warm = time.perf_counter()
         self._warmup()
         warmup_seconds = time.perf_counter() - t_warm
+        self._loop_beat = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name=f"asp-instance-{self.index}", daemon=True)
         self._thread.start()
         self._start_info = {"index": self.index, "pid": os.getpid(), "platform": self.platform.kind,
@@ -251,12 +257,20 @@ class RolloutInstanceImpl:
         self._wake.set()
 
     def status(self) -> Dict[str, Any]:
+        """Counters and state; `loop_silent_s` (seconds since the step loop last came round, 0 before it
+        runs or after it ended) and `weights_wait_s` (seconds a weight load has waited for the engine to
+        finish its step, 0 when none waits) tell a hung engine from a busy one."""
+        now = time.monotonic()
+        beat, wait_since = self._loop_beat, self._weights_wait_since
+        alive = self._thread is not None and self._thread.is_alive()
         with self._lock:
             return dict(self._stats, index=self.index, queued=len(self._queue),
                         running_groups=len(self._running), running_seqs=self._running_seqs,
                         version=self._version, paused=self._paused, error=self._error,
                         prefix_reset_pending=self._prefix_reset_pending,
-                        started=self._engine is not None)
+                        started=self._engine is not None,
+                        loop_silent_s=now - beat if alive and beat is not None else 0.0,
+                        weights_wait_s=now - wait_since if wait_since is not None else 0.0)
 
     # -------------------------------------------------------------------------------------- weights
     def set_version(self, v: int) -> None:
@@ -271,6 +285,7 @@ class RolloutInstanceImpl:
                 "asp_init_weight_sync",
                 args=(self.platform.kind, master_addr, int(master_port), int(rank_offset), int(world_size),
                       float(timeout_s)))
+        self._loop_beat = time.monotonic()  # the loop waited for the group's join, not for a hung step
         return {"workers": reps}
 
     def receive_weights(self, version: int, manifest: Sequence[Tuple[str, Tuple[int, ...], str]],
@@ -278,12 +293,15 @@ class RolloutInstanceImpl:
         """Join one broadcast round between two engine steps; afterwards tokens carry `version`."""
         self._require_engine()
         t0 = time.perf_counter()
+        self._weights_wait_since = time.monotonic()
         with self._engine_lock:
+            self._weights_wait_since = None
             t_locked = time.perf_counter()
             reps = self._engine.collective_rpc("asp_receive_weights",
                                                args=(int(version), list(manifest), int(bucket_bytes)))
             reset = self._reset_prefix_cache()
             self._version = int(version)
+        self._loop_beat = time.monotonic()  # the loop waited for this load, not for a hung step
         dt = time.perf_counter() - t0
         with self._lock:
             self._stats["weight_syncs"] += 1
@@ -360,6 +378,7 @@ class RolloutInstanceImpl:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
+                self._loop_beat = time.monotonic()
                 self._admit()
                 if not self._running:
                     self._wake.wait(timeout=0.05)

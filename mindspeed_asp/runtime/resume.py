@@ -16,7 +16,8 @@ from mindspeed_asp.runtime.run_config import RunConfig, config_from_dict, dump_c
 
 #: Keys a resume may change: how long, where and how the run reports, never what it trains or how it schedules.
 RESUMABLE_KEYS = ("run.steps", "run.checkpoint_every", "run.plots", "run.target_reward", "run.start_timeout_s",
-                  "run.step_timeout_s", "run.verify_weights", "run.ray_address", "run.ray_num_cpus",
+                  "run.step_timeout_s", "run.stall_timeout_s", "run.sync_timeout_s",
+                  "run.verify_weights", "run.ray_address", "run.ray_num_cpus",
                   "run.ray_object_store_mb", "model.path")
 
 

@@ -21,6 +21,7 @@ from mindspeed_asp.errors import RunError, WeightSyncError
 from mindspeed_asp.run_report import StartupProgress
 from mindspeed_asp.runtime.platform import Platform
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest
+from mindspeed_asp.runtime.weight_sync import DEFAULT_TIMEOUT_S
 
 POLL_S = 0.05
 #: Deadline of one submit / drain / status call on a live instance; past it the instance counts as dead.
@@ -48,13 +49,15 @@ class RolloutPool:
     `progress` tells the user which instance is starting and when each is ready (a vLLM start takes a minute).
     `alive` is the run's one liveness list when the caller shares it (the driver passes its dispatcher's, so
     the instance the pool marks dead is at once the instance the dispatcher stops feeding); else the pool's own.
+    `sync_timeout_s` bounds one weight-sync round (joining the group, each broadcast, each instance's load).
     """
 
     def __init__(self, engine: EngineConfig, count: int, platform: Platform, *, threads: int = 1,
                  start_timeout_s: float = 180.0, multi_node: bool = False,
                  on_death: Optional[Callable[[int, BaseException], None]] = None,
                  event: Optional[Callable[..., None]] = None, actor_cls: Any = None,
-                 progress: Optional[StartupProgress] = None, alive: Optional[List[bool]] = None) -> None:
+                 progress: Optional[StartupProgress] = None, alive: Optional[List[bool]] = None,
+                 sync_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if count < 1:
             raise ValueError("a rollout pool needs at least one instance")
         if alive is not None and len(alive) != count:
@@ -64,6 +67,7 @@ class RolloutPool:
         self.platform = platform
         self.threads = threads
         self.start_timeout_s = float(start_timeout_s)
+        self.sync_timeout_s = float(sync_timeout_s)
         self.multi_node = multi_node
         self.on_death = on_death
         self.event = event or (lambda kind, **fields: None)
@@ -150,10 +154,12 @@ class RolloutPool:
         return [j for j, ok in enumerate(self.alive) if ok]
 
     def mark_dead(self, j: int, exc: BaseException) -> None:
-        """Instance j failed a call: drop it once, let the driver re-dispatch, re-form the sync group."""
+        """Instance j failed a call or hung: drop it once, kill its actor (a hung one would keep its devices
+        and could answer late), let the driver re-dispatch, re-form the sync group without it."""
         if not self.alive[j]:
             return
         self.alive[j] = False
+        self._kill(j)
         if not any(self.alive):
             raise RunError(f"every rollout instance died (last: instance {j}, {type(exc).__name__}: {exc})")
         if self.on_death is not None:
@@ -161,16 +167,39 @@ class RolloutPool:
         if self.sender is not None:
             self.open_sync_group()
 
-    def find_dead(self) -> List[int]:
-        """Live instances that no longer answer a status call (after a failed sync round)."""
+    def _kill(self, j: int) -> None:
         import ray
 
-        dead = []
-        for j in self.live():
+        try:
+            ray.kill(self.handles[j], no_restart=True)
+        except Exception:  # noqa: BLE001 - best effort: the actor may be gone already
+            pass
+
+    def statuses(self, timeout_s: float = 30.0) -> Dict[int, Any]:
+        """`status()` of every live instance, or the exception its call raised (asked of all at once)."""
+        import ray
+
+        refs = {j: self.handles[j].status.remote() for j in self.live()}
+        out: Dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        for j, ref in refs.items():
             try:
-                ray.get(self.handles[j].status.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - any failure to reach the actor means it is gone
-                dead.append(j)
+                out[j] = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - the caller decides what a failed call means
+                out[j] = exc
+        return out
+
+    def find_dead(self, stuck_after_s: Optional[float] = None) -> Dict[int, str]:
+        """Live instances to drop after a failed sync round, with why: the status call fails, or (with
+        `stuck_after_s`) the round's weight load has waited that long for the engine to finish its step (the
+        engine hung inside a step, so the instance never joined the broadcast)."""
+        dead: Dict[int, str] = {}
+        for j, st in self.statuses().items():
+            if isinstance(st, BaseException):
+                dead[j] = f"its status call failed ({type(st).__name__})"
+            elif stuck_after_s is not None and float(st.get("weights_wait_s", 0.0) or 0.0) >= stuck_after_s:
+                dead[j] = (f"its weight load waited {float(st['weights_wait_s']):.0f} s for the engine to finish "
+                           "a step: a hung engine step")
         return dead
 
     # ================================================================== work
@@ -228,7 +257,8 @@ class RolloutPool:
         if self.sender is not None:
             self.sender.close()
         live = [self.handles[j] for j in self.live()]
-        self.sender = WeightSyncSender(self.platform, self.sync_address(), world_size=1 + len(live))
+        self.sender = WeightSyncSender(self.platform, self.sync_address(), world_size=1 + len(live),
+                                       timeout_s=self.sync_timeout_s)
         init_weight_sync(self.sender, live)
 
     def sync(self, version: int, weights: Callable[[], Iterable[Tuple[str, Any]]],
@@ -243,11 +273,14 @@ class RolloutPool:
                 stats = sync_weights(self.sender, live, version, weights())
                 break
             except WeightSyncError as exc:
-                dead = self.find_dead()
+                # half the round's timeout: the hung instance's load was sent at the round's start and has
+                # waited the whole round; a healthy one waits at most one engine step
+                dead = self.find_dead(stuck_after_s=0.5 * self.sync_timeout_s)
                 if not dead or attempt == 1:
                     raise
-                for j in dead:
-                    self.mark_dead(j, exc)
+                for j, why in dead.items():
+                    self.event("instance_dropped_from_sync", instance=j, version=version, reason=why)
+                    self.mark_dead(j, WeightSyncError(f"instance {j}: {why} ({exc})"))
         if verify and not stats.verified:
             raise WeightSyncError(f"weight sync to version {version} was not verified")
         return {"version": version, "seconds": stats.seconds, "bytes": stats.bytes, "verified": stats.verified,

@@ -81,6 +81,13 @@ class RunSection(Strict):
     instance_threads: int = Field(1, ge=1, description="OpenMP threads per vLLM instance on CPU")
     start_timeout_s: float = Field(180.0, gt=0.0, description="per instance start-up, retried once")
     step_timeout_s: float = Field(600.0, gt=0.0, description="longest wait for a finished group")
+    stall_timeout_s: float = Field(
+        300.0, gt=0.0, description="an instance whose engine loop has not come round for this long (a hung step: "
+        "a device kernel or collective that never returns) is killed and its groups go to the others; below "
+        "run.step_timeout_s, far above one engine step and one weight-sync round")
+    sync_timeout_s: float = Field(
+        120.0, gt=0.0, description="bound on one weight-sync round (group join, each broadcast, each instance's "
+        "load); an instance still waiting for its engine after half of it is dropped from the round")
     verify_weights: bool = Field(True, description="compare trainer and instance checksums after each sync")
     plots: bool = True
     checkpoint_every: int = Field(
@@ -135,6 +142,10 @@ def validate_semantics(cfg: RunConfig, path: str, devices: Optional[int] = None)
     if cfg.data.max_new_tokens >= cfg.model.max_model_len:
         raise ConfigError(f"max_new_tokens={cfg.data.max_new_tokens} leaves no room for the prompt in "
                           f"max_model_len={cfg.model.max_model_len}", path=path, key="data.max_new_tokens")
+    if cfg.run.stall_timeout_s >= cfg.run.step_timeout_s:
+        raise ConfigError(f"run.stall_timeout_s={cfg.run.stall_timeout_s:g} must be below run.step_timeout_s="
+                          f"{cfg.run.step_timeout_s:g}: else the run gives up before a hung instance is dropped",
+                          path=path, key="run.stall_timeout_s")
     if cfg.asp.plan_path is not None and not Path(cfg.asp.plan_path).is_file():
         raise ConfigError(f"plan file {cfg.asp.plan_path!r} not found", path=path, key="asp.plan_path")
     # Input files named in the config must exist: a missing history would silently mean a cold start.

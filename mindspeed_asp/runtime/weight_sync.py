@@ -778,7 +778,8 @@ def init_weight_sync(sender: WeightSyncSender, instances: Sequence[Any],
     for s in sizes:
         offsets.append(off)
         off += s
-    refs = [inst.init_weight_sync.remote(sender.master_addr, sender.master_port, o, sender.world_size)
+    refs = [inst.init_weight_sync.remote(sender.master_addr, sender.master_port, o, sender.world_size,
+                                         timeout_s=sender.timeout_s)
             for inst, o in zip(instances, offsets)]
     try:
         sender.init()
