@@ -80,6 +80,27 @@ def test_the_search_keeps_to_its_share_of_the_wall_time():
     assert third.searched and "reused_choice" not in third.params
 
 
+def test_a_window_dispatch_waits_for_reuses_the_last_choice_whatever_the_budget():
+    """`urgent` (the driver could not plan the window ahead): no search holds up dispatch, the last search's
+    choice is rebuilt instead even when the budget would pay for a search; the first window has no choice to
+    reuse and is searched; the budget left goes to the next window planned ahead."""
+    now = [0.0]
+    ps = prompts(P=32)
+    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4, plan_share=0.05), ps, max_new_tokens=200,
+                       instances=2, clock=lambda: now[0])
+    for i in range(32):
+        wp.observe(f"p{i}", 0, [5 * (i % 7 + 1)] * 4)
+    first = wp.plan(list(range(32, 40)), urgent=True)
+    assert first.searched and first.params["scenarios"] > 0
+    now[0] += 100.0 * first.plan_seconds / 0.05  # far more budget than one search needs
+    second = wp.plan(list(range(40, 48)), urgent=True)
+    assert not second.searched and second.params.get("reused_choice") == 1.0
+    assert second.params["order_rule"] == first.params["order_rule"]
+    assert sorted(g for q in second.queues for g in q) == list(range(40, 48))
+    third = wp.plan(list(range(48, 56)))  # planned ahead: the budget is still there
+    assert third.searched and "reused_choice" not in third.params
+
+
 def test_the_estimate_runs_in_solve_on_the_history_as_prepare_saw_it():
     """`prepare` (the driver's loop thread) only copies the history; `solve` (the planning thread) estimates
     from that copy, so groups the loop records meanwhile neither race with it nor leak into the plan."""

@@ -401,10 +401,12 @@ class Driver:
         self.window_index += 1
 
     def _plan_window(self, gids: List[int]):
-        """Plan `gids` with the engine steps read so far (the online cost fit) and the measured rho."""
+        """Plan `gids` with the engine steps read so far (the online cost fit) and the measured rho. With
+        `asp.plan_ahead` a window planned here is one the loop could not plan ahead: dispatch waits for it, so
+        it reuses the last search's choice instead of searching (`WindowPlanner.prepare`, `urgent`)."""
         if self.cfg.asp.online_fit:
             self._read_engine_steps()
-        return self.planner.plan(gids)
+        return self.planner.plan(gids, urgent=bool(self.cfg.asp.plan_ahead))
 
     def _read_engine_steps(self, wait: bool = True) -> bool:
         """Hand the engine steps each live instance ran since the last read to the planner's cost fit.

@@ -153,18 +153,24 @@ class WindowPlanner:
         cost = self.online_cost.estimate()
         return cost, self.rho_meter.estimate(cost.cost)
 
-    def plan(self, gids: Sequence[int], rho: Optional[float] = None) -> WindowPlan:
+    def plan(self, gids: Sequence[int], rho: Optional[float] = None, urgent: bool = False) -> WindowPlan:
         """Estimate the window's lengths from the current history and place it on the instances.
 
-        `rho` overrides the planning rho (tests); by default it is `planning_inputs()`'s."""
-        pending = self.prepare(gids, rho)
+        `rho` overrides the planning rho (tests); by default it is `planning_inputs()`'s. `urgent`: the caller
+        waits for this plan (see `prepare`)."""
+        pending = self.prepare(gids, rho, urgent=urgent)
         return self.finish(pending, self.solve(pending))
 
-    def prepare(self, gids: Sequence[int], rho: Optional[float] = None) -> PendingPlan:
+    def prepare(self, gids: Sequence[int], rho: Optional[float] = None, urgent: bool = False) -> PendingPlan:
         """What planning the window needs from the run's state: a copy of the history as it is now, the cost
         and rho to score with, the search-or-reuse decision. Runs where `observe` runs (it reads the history);
         kept to a copy because the driver's loop waits for it, while `solve` runs on a thread of its own
-        (estimating a window's lengths took ~30 ms of the loop per window on the CPU runtime)."""
+        (estimating a window's lengths took ~30 ms of the loop per window on the CPU runtime).
+
+        `urgent` (a window the driver could not plan ahead, so dispatch waits for it): reuse the last search's
+        choice whatever the budget says, so that no search (0.1-0.25 s on the CPU tier, against 20-40 ms for
+        building a reused choice) holds up dispatch; the budget it leaves goes to the next window planned
+        ahead. The first window is searched anyway: there is no choice to reuse yet."""
         t0 = time.perf_counter()
         cost_est, rho_est = self.planning_inputs()
         if rho is not None:
@@ -175,7 +181,7 @@ class WindowPlanner:
                            history=self.history.select_epochs() if len(self.history) else None,
                            cost=cost_est, rho=rho_est, problem_seed=int(self.rng.integers(1 << 31)),
                            seed=int(self.rng.integers(1 << 31)), prepare_seconds=time.perf_counter() - t0,
-                           reuse=self._reuse_or_search())
+                           reuse=self._reuse_or_search(urgent))
 
     def _estimate(self, pending: PendingPlan) -> PlanningProblem:
         """The window's planning problem: its lengths estimated from the history snapshot of `prepare`."""
@@ -190,7 +196,7 @@ class WindowPlanner:
                                seed=pending.problem_seed, max_lag=int(self.asp.max_lag),
                                work_stealing=bool(self.asp.work_stealing))
 
-    def _reuse_or_search(self) -> Optional[Dict[str, Any]]:
+    def _reuse_or_search(self, urgent: bool = False) -> Optional[Dict[str, Any]]:
         """The last search's choice when the planning budget saved since it does not cover another search.
 
         Why: where windows roll out in a second or two (a CPU run) a 0.2 s search per window takes a large
@@ -201,7 +207,9 @@ class WindowPlanner:
         if self._t_last_prepare is not None:
             self.plan_credit += float(self.asp.plan_share) * (now - self._t_last_prepare)
         self._t_last_prepare = now
-        if self.last_choice is None or self.plan_credit >= 0.0:  # the last search's time is paid back
+        if self.last_choice is None:
+            return None
+        if self.plan_credit >= 0.0 and not urgent:  # the last search's time is paid back
             return None
         return dict(self.last_choice)
 
