@@ -78,16 +78,25 @@ class Runner:
 
     def run(self, name: str, out: Path, overrides: List[str]) -> Dict[str, Any]:
         from mindspeed_asp.commands.train import build_config
+        from mindspeed_asp.run_dir import prepare_run_dir
         from mindspeed_asp.runtime.driver import Driver
 
         cfg = build_config(self.config, overrides, None, str(out / name))
         print(f"== {name}: {' '.join(overrides)}", file=sys.stderr, flush=True)
+        # only runs without a complete summary get here: what a failed or interrupted try left is removed, so
+        # this run never appends to its rollout log
+        prepare_run_dir(out / name, overwrite=True)
         driver = Driver(cfg, out / name, progress=False, pool=self.pool, keep_pool=self.share)
         try:
             summary = driver.run()
         except BaseException:
             self.close(driver.pool)
             raise
+        if summary.get("interrupted"):
+            # SIGINT/SIGTERM stops the run at a safe point; it is no measurement, and the signal was meant for
+            # the benchmark: stop it (a rerun with the same --out resumes from the runs that completed)
+            self.close(driver.pool)
+            raise KeyboardInterrupt(f"{name} stopped by {summary.get('stop_signal')}")
         self.pool = driver.pool if self.share else None
         summary["name"] = name
         return summary
@@ -415,6 +424,10 @@ def main(argv: List[str] | None = None) -> int:
                 result = analyze(out, runs, seeds, modes, skip_sim=True)  # partial results after every seed
                 write(result)
                 print_summary(result)
+        except KeyboardInterrupt as exc:
+            print(f"stopped ({exc or 'interrupt'}); the seeds finished so far are in {out} and its results: rerun "
+                  f"with the same --out to resume", file=sys.stderr, flush=True)
+            return 130
         finally:
             runner.close()
             ray_utils.stop_local_ray()

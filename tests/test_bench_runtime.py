@@ -1,5 +1,6 @@
 """benchmarks/bench_runtime.py's pure parts: the interleaved order, paired ratios with t intervals, the target
-verdicts, resuming from run directories, and the section-4 renderer on a results document."""
+verdicts, resuming from run directories (a signal stops the benchmark), and the section-4 renderer on a results
+document."""
 from __future__ import annotations
 
 import json
@@ -85,3 +86,29 @@ def test_renderer_prints_targets_and_simulator_errors():
     text = doc_tables.runtime(d)
     assert "**partial**" in text and "missed (interval" in text
     assert "1.05x [" in text and "3.5%" in text
+
+
+def test_a_run_stopped_by_a_signal_stops_the_benchmark_and_what_a_try_left_is_cleared(tmp_path, monkeypatch):
+    """A signal ends the driver's run at a safe point with `interrupted` set: that run is no measurement, and
+    the signal was meant for the benchmark, so the benchmark stops (before, it went on to the next run and
+    kept the truncated one). A rerun starts that run afresh: the files a failed try left are removed first."""
+    import mindspeed_asp.runtime.driver as driver_mod
+
+    class StoppedDriver:
+        def __init__(self, cfg, out, **kwargs):
+            self.out, self.pool = Path(out), None
+
+        def run(self):
+            with open(self.out / "rollout_log.jsonl", "a") as fh:
+                fh.write('{"prompt_id": "p0"}\n')
+            return {"interrupted": True, "stop_signal": "SIGTERM"}
+
+    monkeypatch.setattr(driver_mod, "Driver", StoppedDriver)
+    left = tmp_path / "stock_s0"
+    left.mkdir()
+    (left / "rollout_log.jsonl").write_text('{"prompt_id": "from an earlier try"}\n')
+    runner = bench_runtime.Runner(None, share_instances=True)
+    with pytest.raises(KeyboardInterrupt, match="stock_s0 stopped by SIGTERM"):
+        runner.run("stock_s0", tmp_path, ["asp.mode=stock"])
+    assert (left / "rollout_log.jsonl").read_text() == '{"prompt_id": "p0"}\n'  # the earlier try's lines are gone
+    assert bench_runtime.load_summary(left) is None
