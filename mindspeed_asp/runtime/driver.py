@@ -41,8 +41,8 @@ from mindspeed_asp.metrics import e2e_tps, split_devices
 from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, offpolicy_fields
 from mindspeed_asp.runtime.ray_utils import RaySession
 from mindspeed_asp.runtime.rollout_pool import CALL_TIMEOUT_S, RolloutPool
-from mindspeed_asp.runtime.stall_watch import EngineStalled, StallWatch
 from mindspeed_asp.runtime.run_config import RunConfig, dump_config
+from mindspeed_asp.runtime.stall_watch import EngineStalled, StallWatch
 from mindspeed_asp.runtime.stop_signals import StopSignals
 from mindspeed_asp.runtime.types import RequestId
 
