@@ -336,7 +336,7 @@ class AsyncFit:
         from mindspeed_asp.runtime.weight_sync import tensor_checksum
         t0 = time.time()
         timeout = float(getattr(self.asp, "sync_timeout_s", 600.0))
-        ray.get(self.driver.pause.remote())
+        ray.get(self.driver.pause.remote(timeout))  # a hung engine step fails the sync here, named
         refs = {f"actor rank {i}": ref for i, ref in enumerate(self._call_actors(asp_push_weights, version))}
         for j, ranks in enumerate(self.workers):
             for r, w in enumerate(ranks):

@@ -45,8 +45,9 @@ class MsrlAspSection(AspSection):
     rollout_memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="device memory fraction of a dedicated rollout instance (weights + KV); "
         "generate_config.gpu_memory_utilization stays the colocated engines' share")
-    sync_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one weight sync; past it the run stops "
-                                  "with an error naming the instance and rank that did not answer")
+    sync_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one weight sync, and of the wait for "
+                                  "the engines' step calls before it; past it the run stops with an error naming "
+                                  "the instance (and rank) that did not answer")
 
 
 LOSS_KEYS = tuple(k for k in MsrlAspSection.model_fields if k not in AspSection.model_fields)

@@ -47,6 +47,7 @@ class RolloutDriver:
         self.trained_gids: List[int] = []
         self.pending: List[List[Tuple[GroupRequest, int]]] = [[] for _ in self.instances]
         self.outstanding: Dict[int, List[Any]] = {}
+        self.issued_at: Dict[int, float] = {}  # instance -> when its outstanding step call was issued
         self.errors: List[str] = []
         self.deaths: List[Dict[str, Any]] = []
         self.paused = False
@@ -76,13 +77,22 @@ class RolloutDriver:
             self.lock.notify_all()
 
     def pause(self, timeout: float = 3600.0) -> bool:
-        """Stop issuing engine steps and wait until no call is outstanding (weight sync may start)."""
+        """Stop issuing engine steps and wait until no call is outstanding (weight sync may start).
+
+        A step call runs `steps_per_call` engine steps, so one that is still out after `timeout` means a hung
+        engine (a device kernel or collective that never returns): the error names each such instance and how
+        long its call has run, since MindSpeed-RL's weight sync spans every engine rank and cannot go on
+        without it."""
         with self.lock:
             self.paused = True
             ok = self.lock.wait_for(lambda: not self.outstanding or self.errors, timeout=timeout)
             self._raise()
             if not ok:
-                raise TimeoutError(f"rollout instances still busy after {timeout}s: cannot pause for a weight sync")
+                now = time.time()
+                stuck = ", ".join(f"instance {j} ({len(self.instances[j])} TP ranks, call out for "
+                                  f"{now - self.issued_at.get(j, now):.0f} s)" for j in sorted(self.outstanding))
+                raise TimeoutError(f"rollout engine step calls still running after {timeout:g} s, cannot pause for "
+                                   f"a weight sync: {stuck}; a hung engine (asp.sync_timeout_s bounds this wait)")
             return True
 
     def resume(self) -> None:
@@ -217,6 +227,7 @@ class RolloutDriver:
             if self.pending[j] or self.dispatcher.in_flight_count(j):
                 jobs, self.pending[j] = self.pending[j], []
                 self.outstanding[j] = [r.run.remote(jobs, self.steps) for r in ranks]
+                self.issued_at[j] = time.time()
 
     def _loop(self) -> None:
         import ray
