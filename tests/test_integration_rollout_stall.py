@@ -7,6 +7,7 @@ driver is the real one, on a real local Ray.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -26,6 +27,7 @@ def test_pause_before_a_sync_ends_and_names_the_hung_instance():
     from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
     from mindspeed_asp.runtime.types import GroupRequest
 
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test file
     rank = ray.remote(num_cpus=0)(HungRank).remote()
     driver = RolloutDriver([[rank]], "plan", 0, 1, 2, 4, False)
     try:
