@@ -58,15 +58,20 @@ def test_a_shared_window_reaches_the_dispatcher_as_one_queue():
     assert [t.gid for _, t in picks] == [31, 30, 29, 28, 27, 26] and d.steals == []
 
 
+def budgeted_planner(now):
+    """A planner with a 5% search budget on the clock `now[0]`, one epoch of history for 32 prompts."""
+    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4, plan_share=0.05), prompts(P=32),
+                       max_new_tokens=200, instances=2, clock=lambda: now[0])
+    for i in range(32):
+        wp.observe(f"p{i}", 0, [5 * (i % 7 + 1)] * 4)
+    return wp
+
+
 def test_the_search_keeps_to_its_share_of_the_wall_time():
     """asp.plan_share: a window due before the last search's time is paid back reuses that search's choice
     (no scoring); once enough wall time has passed, the next window is searched again."""
     now = [0.0]
-    ps = prompts(P=32)
-    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4, plan_share=0.05), ps, max_new_tokens=200,
-                       instances=2, clock=lambda: now[0])
-    for i in range(32):
-        wp.observe(f"p{i}", 0, [5 * (i % 7 + 1)] * 4)
+    wp = budgeted_planner(now)
     first = wp.plan(list(range(32, 40)))
     assert first.searched and first.params["scenarios"] > 0
     cost = first.plan_seconds
@@ -85,11 +90,7 @@ def test_a_window_dispatch_waits_for_reuses_the_last_choice_whatever_the_budget(
     choice is rebuilt instead even when the budget would pay for a search; the first window has no choice to
     reuse and is searched; the budget left goes to the next window planned ahead."""
     now = [0.0]
-    ps = prompts(P=32)
-    wp = WindowPlanner(AspSection(slots=16, minibatch_groups=4, plan_share=0.05), ps, max_new_tokens=200,
-                       instances=2, clock=lambda: now[0])
-    for i in range(32):
-        wp.observe(f"p{i}", 0, [5 * (i % 7 + 1)] * 4)
+    wp = budgeted_planner(now)
     first = wp.plan(list(range(32, 40)), urgent=True)
     assert first.searched and first.params["scenarios"] > 0
     now[0] += 100.0 * first.plan_seconds / 0.05  # far more budget than one search needs

@@ -189,15 +189,17 @@ class RolloutPool:
                 out[j] = exc
         return out
 
-    def find_dead(self, stuck_after_s: Optional[float] = None) -> Dict[int, str]:
-        """Live instances to drop after a failed sync round, with why: the status call fails, or (with
-        `stuck_after_s`) the round's weight load has waited that long for the engine to finish its step (the
-        engine hung inside a step, so the instance never joined the broadcast)."""
+    def find_dead(self) -> Dict[int, str]:
+        """Live instances to drop after a failed sync round, with why: the status call fails, or the round's
+        weight load has waited half the round's timeout or more for the engine to finish its step (the engine
+        hung inside a step, so the instance never joined the broadcast). Half: the hung instance's load was
+        sent at the round's start and has waited the whole round; a healthy one waits at most one step."""
+        stuck_after_s = 0.5 * self.sync_timeout_s
         dead: Dict[int, str] = {}
         for j, st in self.statuses().items():
             if isinstance(st, BaseException):
                 dead[j] = f"its status call failed ({type(st).__name__})"
-            elif stuck_after_s is not None and float(st.get("weights_wait_s", 0.0) or 0.0) >= stuck_after_s:
+            elif float(st.get("weights_wait_s", 0.0) or 0.0) >= stuck_after_s:
                 dead[j] = (f"its weight load waited {float(st['weights_wait_s']):.0f} s for the engine to finish "
                            "a step: a hung engine step")
         return dead
@@ -273,9 +275,7 @@ class RolloutPool:
                 stats = sync_weights(self.sender, live, version, weights())
                 break
             except WeightSyncError as exc:
-                # half the round's timeout: the hung instance's load was sent at the round's start and has
-                # waited the whole round; a healthy one waits at most one engine step
-                dead = self.find_dead(stuck_after_s=0.5 * self.sync_timeout_s)
+                dead = self.find_dead()
                 if not dead or attempt == 1:
                     raise
                 for j, why in dead.items():
@@ -304,10 +304,7 @@ class RolloutPool:
                     ray.get(a.shutdown.remote(), timeout=CALL_TIMEOUT_S)
                 except Exception:  # noqa: BLE001
                     pass
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+            self._kill(j)
         if self.placement is not None:
             from ray.util.placement_group import remove_placement_group
 
