@@ -59,6 +59,7 @@ RENDERERS: Dict[str, Renderer] = {
     "schedulers": Renderer("schedulers/results.json", doc_tables.schedulers),
     "runtime": Renderer("runtime_tiny_cpu.json", doc_tables.runtime),
     "runtime_earlier": Renderer("runtime_tiny_cpu_run1.json", doc_tables.runtime_earlier),
+    "runtime_lag0": Renderer("runtime_lag0_tiny_cpu.json", doc_tables.runtime),
     "weight_sync": Renderer("weight_sync.json", doc_tables.weight_sync),
     "checksum_cost": Renderer("checksum_cost.json", doc_tables.checksum_cost),
     "demo_learning": Renderer("demo_learning.json", doc_tables.demo_learning),
