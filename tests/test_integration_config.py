@@ -1,5 +1,6 @@
 """The Ascend configs: their asp: sections validate, their NPU split is what the docs say, and a config that
 contradicts MindSpeed-RL's sections fails naming the key."""
+import json
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,58 @@ def test_moe_colocated_plan_evens_out_generate_calls(monkeypatch):
     data["asp"]["minibatch_groups"] = 24
     with pytest.raises(ConfigError, match="megatron_training.global_batch_size"):
         topology_from_dict(data, "moe.yaml")
+
+
+@pytest.mark.parametrize("name", ASCEND)
+def test_asp_plan_takes_the_training_yaml_as_it_is(name, tmp_path, monkeypatch, capsys):
+    """A user points `asp plan --config` at the per-model YAML the launch script runs: the loss keys it holds
+    are validated and left to the trainer, and the plan takes the config's scheduler settings."""
+    from mindspeed_asp.cli import main
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_scheduler_section
+    from mindspeed_asp.scheduler.plan import load_plan
+    from mindspeed_asp.workloads.prompts import load_prompt_set
+
+    monkeypatch.delenv("ASP_PLAN", raising=False)
+    path = CONFIGS / f"{name}.yaml"
+    section = load_scheduler_section(path)
+    topo = load_topology(path)
+    assert (section.instances, section.slots, section.max_lag) == (topo.asp.instances, topo.asp.slots,
+                                                                   topo.asp.max_lag)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt_id": f"q{i}", "prompt_len": 20 + i}) + "\n" for i in range(64)))
+    out, summary = tmp_path / "plan.parquet", tmp_path / "summary.json"
+    assert main(["plan", "--dataset", str(data), "--config", str(path), "--max-new-tokens", "512", "--n", "2",
+                 "--no-progress", "--no-advice", "--json", str(summary), "-o", str(out)]) == 0
+    capsys.readouterr()
+    plan = load_plan(out, load_prompt_set(data, n=2))
+    assert plan.header["instances"] == section.instances
+    assert json.loads(summary.read_text())["groups"] == 64
+
+
+def test_asp_plan_and_lengths_still_name_a_bad_key_of_a_training_yaml(tmp_path, monkeypatch, capsys):
+    from mindspeed_asp.cli import main
+
+    monkeypatch.delenv("ASP_PLAN", raising=False)
+    data = yaml.safe_load((CONFIGS / "qwen25_7b_A3_asp.yaml").read_text())
+    data["asp"]["iw_cap"] = 0.5  # a loss key out of range: refused, though the plan does not read it
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_id": "a", "prompt_len": 10}\n')
+    args = ["plan", "--dataset", str(prompts), "--config", str(bad), "--max-new-tokens", "64", "-o",
+            str(tmp_path / "x.parquet")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "asp.iw_cap" in err
+    data["asp"]["iw_cap"] = 2.0
+    data["asp"]["estimator"]["quantile"] = 0.7  # an unknown scheduler key
+    bad.write_text(yaml.safe_dump(data))
+    assert main(["lengths", "eval", "--trace", "synthetic:prompts=50", "--config", str(bad)]) == 2
+    assert "asp.estimator.quantile" in capsys.readouterr().err
+    data["asp"]["estimator"].pop("quantile")
+    data["asp"]["estimator"]["group_max_quantile"] = 0.7
+    bad.write_text(yaml.safe_dump(data))
+    out = tmp_path / "m.json"
+    assert main(["lengths", "eval", "--trace", "synthetic:prompts=50,n=4", "--config", str(bad), "--json",
+                 str(out)]) == 0
+    assert json.loads(out.read_text())["estimator_section"]["group_max_quantile"] == 0.7

@@ -62,9 +62,10 @@ def register(subparsers) -> None:
 
 def _section(args):
     """The estimator section: defaults, then --config's asp.estimator, then command-line flags."""
-    from mindspeed_asp.config import EstimatorSection, load_asp_section
+    from mindspeed_asp.config import EstimatorSection
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_scheduler_section
 
-    section = load_asp_section(args.config).estimator if args.config else EstimatorSection()
+    section = load_scheduler_section(args.config).estimator if args.config else EstimatorSection()
     updates = {"recency_decay": args.recency_decay, "max_epochs": args.max_epochs,
                "group_max_quantile": args.quantile, "sigma_shrinkage": args.sigma_shrinkage}
     data = section.model_dump()

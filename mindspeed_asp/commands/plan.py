@@ -27,7 +27,8 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True, help="prompt dataset, JSON Lines with prompt_id and prompt_len")
     p.add_argument("--history", default=None, help="length history (.parquet or .jsonl)")
-    p.add_argument("--config", default=None, help="YAML whose asp: section supplies defaults")
+    p.add_argument("--config", default=None, help="YAML whose asp: section supplies defaults: a run config "
+                   "or a MindSpeed-RL training YAML (its loss keys are the trainer's and not read here)")
     p.add_argument("--instances", type=positive_int, default=None, help="inference instances N")
     p.add_argument("--slots", type=positive_int, default=None, help="max concurrent sequences per instance B")
     p.add_argument("--minibatch", type=positive_int, default=None, help="trainer minibatch M, in prompt groups")
@@ -88,8 +89,9 @@ def _truth_matrix(path: str, epoch: Optional[int], prompts):
 
 def run(args) -> int:
     from mindspeed_asp.atomic import check_output_file, write_json
-    from mindspeed_asp.config import AspSection, EstimatorSection, load_asp_section
+    from mindspeed_asp.config import AspSection, EstimatorSection
     from mindspeed_asp.errors import InputError
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_scheduler_section
     from mindspeed_asp.memory_budget import check_fits, planning_bytes
     from mindspeed_asp.scheduler.build import estimate_lengths, build_plan
     from mindspeed_asp.scheduler.history import LengthHistory
@@ -99,7 +101,7 @@ def run(args) -> int:
     from mindspeed_asp.types import CostModel
     from mindspeed_asp.workloads.prompts import load_prompt_set
 
-    asp = load_asp_section(args.config) if args.config else None
+    asp = load_scheduler_section(args.config) if args.config else None
     base = asp or AspSection()
     instances = args.instances if args.instances is not None else (asp.instances if asp else None)
     slots = args.slots if args.slots is not None else (asp.slots if asp else None)

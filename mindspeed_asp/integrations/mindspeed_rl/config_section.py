@@ -18,7 +18,7 @@ from typing import Any, Dict, Literal, Optional
 
 from pydantic import Field
 
-from mindspeed_asp.config import AspSection, read_yaml, validate_section
+from mindspeed_asp.config import AspSection, load_asp_section, read_yaml, validate_section
 from mindspeed_asp.errors import ConfigError, InputError
 from mindspeed_asp.metrics import DeviceCount, colocated_devices, split_devices
 
@@ -326,6 +326,18 @@ def scheduler_section(path: str | Path) -> Dict[str, Any]:
         raise ConfigError("expected a mapping", path=str(path), key="asp")
     validate_section(section, MsrlAspSection, str(path), prefix="asp")
     return {"asp": {k: v for k, v in section.items() if k not in LOSS_KEYS}}
+
+
+def load_scheduler_section(path: str | Path) -> AspSection:
+    """The scheduler's settings from any YAML with an `asp:` section, as `asp plan --config` and `asp lengths
+    --config` read them: a standalone run config as it is; a MindSpeed-RL training YAML (one with MindSpeed-RL's
+    own sections) validated with its loss keys, which are then left to the loss patch. Why: users point both
+    commands at the per-model YAML their launch script runs, and the strict `AspSection` alone refuses its
+    loss keys."""
+    data = read_yaml(path)
+    if not any(k in data for k in MSRL_SECTIONS):
+        return load_asp_section(path)
+    return validate_section(scheduler_section(path)["asp"], AspSection, str(path), prefix="asp")
 
 
 def shell_vars(t: MsrlTopology) -> str:
