@@ -12,7 +12,8 @@ import pytest
 
 from mindspeed_asp.cli import main
 from mindspeed_asp.experiments import sweep
-from mindspeed_asp.experiments.advice import SCENARIO_SEED, lag_points, regime_advice
+from mindspeed_asp.experiments.advice import (SCENARIO_SEED, SLOWER_TOLERANCE, LagPoint, RegimeAdvice, lag_points,
+                                              regime_advice)
 from mindspeed_asp.scheduler.planners import get_planner
 from mindspeed_asp.scheduler.scenarios import sample_scenarios
 from mindspeed_asp.sim.metrics import lower_bounds
@@ -58,18 +59,36 @@ def test_advice_figures_are_the_simulators_on_the_estimates_scenario():
     assert adv.rollout_lb_s == pytest.approx(r_lb)
     assert adv.pred_rollout_s >= adv.rollout_lb_s * (1 - 1e-9)
     d = adv.as_dict()
-    assert d["slower_than_stock"] == (d["lags"][1]["e2e_s"] > d["stock_e2e_s"])
+    assert d["slower_than_stock"] == (d["lags"][1]["e2e_s"] > d["stock_e2e_s"] * (1 + SLOWER_TOLERANCE))
 
 
 def test_warning_follows_the_numbers():
     for lag in (0, 1):
         adv = regime_advice(_problem(max_lag=lag, rho=1.5), planner="asp")
-        slower = adv.chosen.e2e_s > adv.stock_e2e_s
+        slower = adv.chosen.e2e_s > adv.stock_e2e_s * (1 + SLOWER_TOLERANCE)
         assert adv.slower_than_stock == slower
         w = adv.warning()
         assert (w is not None) == slower
         if w:
             assert w.startswith("WARNING: max_lag") and "\n" not in w and "stock pipeline" in w
+
+
+def _advice(stock_s: float, chosen_s: float) -> RegimeAdvice:
+    points = [LagPoint(max_lag=lag, e2e_s=chosen_s if lag == 1 else 2 * stock_s, e2e_tps=1.0, rollout_s=1.0)
+              for lag in (0, 1, 2)]
+    return RegimeAdvice(planner="asp", chosen_max_lag=1, work_stealing=True, rho=1.0, groups=8, instances=2,
+                        minibatches=4, shrunk=False, stock_e2e_s=stock_s, stock_e2e_tps=1.0, points=points)
+
+
+def test_a_gap_below_the_tolerance_is_no_warning():
+    # within 1% of stock: the one-scenario prediction cannot tell them apart, so no "0% slower" warning
+    assert _advice(100.0, 100.0 * (1 + SLOWER_TOLERANCE / 2)).warning() is None
+    w = _advice(100.0, 100.0 * (1 + 3 * SLOWER_TOLERANCE)).warning()
+    assert w is not None and "3% slower" in w and "no bound simulated here reaches it" in w
+    # a bound within the tolerance is named as one that reaches stock
+    near = _advice(100.0, 110.0)
+    near.points[0] = LagPoint(max_lag=0, e2e_s=100.5, e2e_tps=1.0, rollout_s=1.0)
+    assert "or faster: max_lag 0" in near.warning()
 
 
 def test_large_windows_are_shrunk_on_fewer_instances():
@@ -91,7 +110,7 @@ def test_asp_plan_reports_advice_and_an_honest_gap(tmp_path, capsys):
     assert gap["above_lb_pct"] == pytest.approx(100 * (gap["sim_rollout_s"] / gap["rollout_lb_s"] - 1))
     assert "true-bound gap" in cap.out and "regime advice" in cap.out
     chosen = next(p for p in adv["lags"] if p["max_lag"] == 0)
-    assert adv["slower_than_stock"] == (chosen["e2e_s"] > adv["stock_e2e_s"])
+    assert adv["slower_than_stock"] == (chosen["e2e_s"] > adv["stock_e2e_s"] * (1 + SLOWER_TOLERANCE))
     assert ("WARNING: max_lag 0" in cap.err) == adv["slower_than_stock"]
     assert main(base_args(data, hist, tmp_path / "p2.parquet", "--no-advice", "--json", str(js))) == 0
     assert "advice" not in json.loads(js.read_text())
