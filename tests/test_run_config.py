@@ -112,6 +112,16 @@ def test_cli_reports_config_errors_as_one_line(capsys):
     assert len(err) == 1 and "asp.max_lag" in err[0] and "tiny_cpu.yaml" in err[0]
 
 
+def test_a_mindspeed_rl_training_yaml_is_refused_with_how_to_launch_it(capsys):
+    from mindspeed_asp.cli import main
+
+    msrl = REPO / "configs" / "qwen25_7b_A3_asp.yaml"
+    assert main(["train", "--config", str(msrl), "--mode", "asp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(msrl) in err[0] and "MindSpeed-RL training YAML" in err[0]
+    assert "shell/" in err[0] and "unknown key" not in err[0]
+
+
 def test_error_from_a_command_line_override_says_so():
     from mindspeed_asp.errors import ConfigError
     from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path

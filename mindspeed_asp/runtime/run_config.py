@@ -179,7 +179,22 @@ def config_from_dict(data: Dict[str, Any], path: str = "<dict>", overrides: Opti
 def load_run_config(path: str | Path, overrides: Optional[List[str]] = None,
                     devices: Optional[int] = None) -> RunConfig:
     """Read, override and validate a run config file; errors name the key and the file."""
-    return config_from_dict(read_yaml(path), str(path), overrides, devices)
+    data = read_yaml(path)
+    _refuse_training_yaml(data, str(path))
+    return config_from_dict(data, str(path), overrides, devices)
+
+
+def _refuse_training_yaml(data: Dict[str, Any], path: str) -> None:
+    """Why: the per-model MindSpeed-RL YAMLs in configs/ also have an `asp:` section, so `asp train` would stop
+    at whichever of their keys it meets first ('asp.objective: unknown key'); say what the file is and how
+    it is launched instead."""
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import MSRL_SECTIONS
+
+    found = [k for k in MSRL_SECTIONS if k in data]
+    if found:
+        raise ConfigError(f"a MindSpeed-RL training YAML (it has {', '.join(found)}), not a run config of the "
+                          "standalone runtime: launch it with its shell/<config>.sh script (docs/ascend.md); "
+                          "`asp train` takes a run config such as the packaged tiny_cpu.yaml", path=path)
 
 
 def packaged_config_path(name: str = "tiny_cpu.yaml") -> Path:
