@@ -39,6 +39,11 @@ SCENARIO_SEED = 12345
 SLOWER_TOLERANCE = 0.01
 
 
+def _seconds(v: float) -> str:
+    """Three significant digits at least, so two close figures of a short window do not print alike."""
+    return f"{v:.{2 if v < 10 else 1}f} s"
+
+
 @dataclass
 class LagPoint:
     """Simulated end-to-end figures of the window at one max_lag (streaming)."""
@@ -95,9 +100,10 @@ class RegimeAdvice:
         faster = [str(p.max_lag) for p in self.points if p.e2e_s <= self.stock_e2e_s * (1.0 + SLOWER_TOLERANCE)]
         hint = (f"; within {100 * SLOWER_TOLERANCE:.0f}% of stock or faster: max_lag {', '.join(faster)}" if faster
                 else "; no bound simulated here reaches it")
-        return (f"WARNING: max_lag {c.max_lag} is predicted {100 * (c.e2e_s / self.stock_e2e_s - 1):.0f}% slower "
-                f"end to end than the stock pipeline (simulated {c.e2e_s:.1f} s vs {self.stock_e2e_s:.1f} s per "
-                f"window, whose own staleness is max_lag {self.minibatches - 1}){hint}")
+        pct = 100 * (c.e2e_s / self.stock_e2e_s - 1)
+        return (f"WARNING: max_lag {c.max_lag} is predicted {pct:.{1 if pct < 10 else 0}f}% slower "
+                f"end to end than the stock pipeline (simulated {_seconds(c.e2e_s)} vs {_seconds(self.stock_e2e_s)} "
+                f"per window, whose own staleness is max_lag {self.minibatches - 1}){hint}")
 
     def as_dict(self) -> Dict[str, Any]:
         return {"planner": self.planner, "chosen_max_lag": self.chosen_max_lag, "work_stealing": self.work_stealing,
