@@ -4,6 +4,7 @@ numpy allocates what it is asked for and fails late (a MemoryError traceback), o
 minutes; a planning pass over `groups x n` samples on `instances x slots` slots has a predictable footprint,
 so a command estimates it first and refuses with the estimate and what this machine has free.
 The per-item costs are deliberately generous upper bounds: a refusal should only hit sizes that could never run.
+`check_kv_budget` refuses the other size that can never run: a per-instance KV budget below one sequence.
 """
 from __future__ import annotations
 
@@ -66,3 +67,18 @@ def planning_bytes(groups: int, n: int, instances: int, slots: int) -> float:
 def synthesis_bytes(prompts: int, n: int, epochs: int) -> float:
     """Upper estimate of synthesising `epochs` epochs of `prompts x n` lengths."""
     return float(prompts) * float(n) * float(max(epochs, 1)) * BYTES_PER_SYNTH_SAMPLE
+
+
+def check_kv_budget(kv_budget: Optional[int], prompt_lens, max_new_tokens: int, key: str = "--kv-budget") -> None:
+    """Refuse a KV budget (tokens per instance) that cannot hold the longest prompt plus the generation cap.
+
+    Why: such a sequence could never be admitted (the simulator refuses it deep inside a run, and vLLM does not
+    start an engine whose KV cache is below its max_model_len), so the command says so before any work."""
+    if kv_budget is None or len(prompt_lens) == 0:
+        return
+    longest = int(max(prompt_lens))
+    need = longest + int(max_new_tokens)
+    if kv_budget < need:
+        raise InputError(f"{kv_budget} KV tokens per instance cannot hold one sequence: the longest prompt "
+                         f"({longest} tokens) plus the generation cap ({int(max_new_tokens)}) needs {need}",
+                         key=key)

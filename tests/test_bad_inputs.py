@@ -161,6 +161,7 @@ CATALOGUE = [
     ("plan-out-parent-file", _plan("-o", "afile/p.jsonl"), ["afile", "-o"]),
     ("plan-out-is-dir", _plan("-o", "adir.jsonl"), ["adir.jsonl", "directory"]),
     ("plan-json-parent-file", _plan("--json", "afile/s.json"), ["--json"]),
+    ("plan-kv-budget-below-one-sequence", _plan("--kv-budget", "10"), ["--kv-budget", "cannot hold one sequence"]),
     # asp simulate
     ("sim-sync-time-nan", SIM + ["--sync-time", "nan"], ["--sync-time"]),
     ("sim-overhead-negative", SIM + ["--overhead", "-1"], ["--overhead"]),
@@ -170,6 +171,7 @@ CATALOGUE = [
     ("sim-too-large", SIM + ["--instances", "100000000", "--slots", "100000000"], ["--slots", "GiB"]),
     ("sim-cost-not-utf8", SIM + ["--cost-file", "cost_bad.json"], ["cost_bad.json:1"]),
     ("sim-out-is-file", SIM[:-3] + ["afile", "--no-plots", "--quiet"], ["afile", "--out"]),
+    ("sim-kv-budget-below-one-sequence", SIM + ["--kv-budget", "10"], ["--kv-budget", "cannot hold one sequence"]),
     # asp fit-cost (refused before any engine starts)
     ("fit-gmu-nan", FIT + ["--gpu-memory-utilization", "nan"], ["--gpu-memory-utilization"]),
     ("fit-decode-steps-0", FIT + ["--decode-steps", "0"], ["--decode-steps"]),
@@ -184,6 +186,9 @@ CATALOGUE = [
     ("train-lr-inf", TRAIN + ["trainer.lr=.inf"], ["trainer.lr"]),
     ("train-n-over-slots", TRAIN + ["data.n=64"], ["data.n"]),
     ("train-config-not-utf8", TRAIN + ["--config", "bad.yaml"], ["bad.yaml:2", "UTF-8"]),
+    ("train-msrl-training-yaml", TRAIN + ["--config", str(Path(__file__).resolve().parents[1] / "configs"
+                                                          / "qwen25_7b_A3_asp.yaml")],
+     ["MindSpeed-RL training YAML", "shell/"]),
     ("train-resume-no-checkpoint", ["train", "--quiet", "--resume", "run_old"], ["run_old", "no checkpoint"]),
     ("train-resume-overwrite", ["train", "--quiet", "--resume", "run_ckpt", "--overwrite"], ["--overwrite"]),
     ("train-resume-config", ["train", "--quiet", "--resume", "run_ckpt", "--config", "bad.yaml"], ["--config"]),

@@ -92,7 +92,7 @@ def run(args) -> int:
     from mindspeed_asp.config import AspSection, EstimatorSection
     from mindspeed_asp.errors import InputError
     from mindspeed_asp.integrations.mindspeed_rl.config_section import load_scheduler_section
-    from mindspeed_asp.memory_budget import check_fits, planning_bytes
+    from mindspeed_asp.memory_budget import check_fits, check_kv_budget, planning_bytes
     from mindspeed_asp.scheduler.build import estimate_lengths, build_plan
     from mindspeed_asp.scheduler.history import LengthHistory
     from mindspeed_asp.scheduler.plan import plan_format
@@ -135,6 +135,7 @@ def run(args) -> int:
         if history is None or history.num_samples == 0:
             raise InputError("required when no --history gives the generation cap", key="--max-new-tokens")
         max_new = int(history.records()[3].max())
+    check_kv_budget(args.kv_budget, prompts.prompt_lens, max_new)
     if args.cost:
         cost = load_cost_json(args.cost, key="--cost")
     elif asp is not None:
