@@ -185,6 +185,7 @@ CATALOGUE = [
     ("train-rho-nan", TRAIN + ["asp.rho=.nan"], ["asp.rho"]),
     ("train-lr-inf", TRAIN + ["trainer.lr=.inf"], ["trainer.lr"]),
     ("train-n-over-slots", TRAIN + ["data.n=64"], ["data.n"]),
+    ("train-n-one", TRAIN + ["data.n=1"], ["data.n", "greater than or equal to 2"]),
     ("train-config-not-utf8", TRAIN + ["--config", "bad.yaml"], ["bad.yaml:2", "UTF-8"]),
     ("train-msrl-training-yaml", TRAIN + ["--config", str(Path(__file__).resolve().parents[1] / "configs"
                                                           / "qwen25_7b_A3_asp.yaml")],

@@ -40,7 +40,8 @@ class DataSection(Strict):
 
     task: Literal["demo"] = "demo"
     num_prompts: int = Field(64, ge=1, description="prompt groups in the dataset (one epoch)")
-    n: int = Field(4, ge=1, description="samples per prompt (GRPO group size)")
+    n: int = Field(4, ge=2, description="samples per prompt (GRPO group size); at least 2: a group of one has a "
+                   "zero group-relative advantage, so the policy would never change")
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, gt=0.0)
     seed: int = 0
