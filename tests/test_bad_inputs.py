@@ -40,7 +40,11 @@ def _write_checkpoint(run: Path, version: int, steps: int) -> None:
     _write(run / "checkpoint" / "latest.json", b'{"dir": "ckpt-000002-1", "version": 2}\n')
     _write(run / "checkpoint" / "ckpt-000002-1" / "state.json",
            json.dumps({"format": FORMAT, "version": version, "config": config}).encode())
-    _write(run / "checkpoint" / "ckpt-000002-1" / "trainer.pt", SENTINEL)
+    import torch
+
+    (run / "checkpoint" / "ckpt-000002-1").mkdir(parents=True, exist_ok=True)
+    torch.save({"format": "a well-formed archive; --resume refuses these runs before it reads one"},
+               run / "checkpoint" / "ckpt-000002-1" / "trainer.pt")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +78,9 @@ def template(tmp_path_factory) -> Path:
     _write(root / "demo_old" / "stock" / "summary.json", SENTINEL)
     _write(root / "run_bad" / "summary.json", b'{"mode": "' + NOT_UTF8 + b'"}\n')
     _write_checkpoint(root / "run_ckpt", version=2, steps=4)
+    _write_checkpoint(root / "run_torn", version=2, steps=4)
+    torn = root / "run_torn" / "checkpoint" / "ckpt-000002-1" / "trainer.pt"
+    torn.write_bytes(torn.read_bytes()[:100])  # a copy cut short
     return root
 
 
@@ -198,6 +205,8 @@ CATALOGUE = [
     ("train-resume-mode", ["train", "--quiet", "--resume", "run_ckpt", "--mode", "stock"], ["asp.mode"]),
     ("train-resume-steps-reached", ["train", "--quiet", "--resume", "run_ckpt", "run.steps=2"],
      ["run.steps", "nothing left to run"]),
+    ("train-resume-torn-trainer-file", ["train", "--quiet", "--resume", "run_torn"],
+     ["run_torn/checkpoint/ckpt-000002-1/trainer.pt", "--resume", "truncated"]),
     # asp compare
     ("compare-summary-not-utf8", ["compare", "run_bad", "run_old"], ["run_bad/summary.json:1", "UTF-8"]),
     ("compare-json-parent-file", ["compare", "run_old", "--json", "afile/c.json"], ["--json"]),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mindspeed_asp.errors import ConfigError, InputError, OutputError
 from mindspeed_asp.policy import LagPolicy
@@ -167,7 +168,7 @@ def test_window_planner_round_trip_cuts_the_rollout_log_to_the_checkpoint(tmp_pa
 # --------------------------------------------------------------------------------------------- files and RNG
 class FakeTrainer:
     def save_checkpoint(self, path):
-        Path(path).write_bytes(b"weights")
+        torch.save({"weights": torch.zeros(3)}, path)  # the archive format the real trainer writes
         return str(path)
 
 
@@ -185,6 +186,10 @@ def test_checkpoint_files_are_replaced_atomically_and_found_again(tmp_path):
     (second / "state.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(InputError, match="state.json"):
         ck.read_state(second)
+    whole = (second / "trainer.pt").read_bytes()
+    (second / "trainer.pt").write_bytes(whole[:len(whole) // 2])  # a copy cut short
+    with pytest.raises(InputError, match="trainer.pt.*truncated"):
+        ck.latest_checkpoint(tmp_path)
     (second / "trainer.pt").unlink()
     with pytest.raises(InputError, match="no trainer.pt"):
         ck.latest_checkpoint(tmp_path)

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import time
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
@@ -155,6 +156,11 @@ def latest_checkpoint(run_dir: PathLike, key: str = "--resume") -> Path:
     for f in (STATE_FILE, TRAINER_FILE):
         if not (directory / f).is_file():
             raise InputError(f"checkpoint {directory.name} has no {f}", path=str(directory), key=key)
+    # torch.save writes a zip archive whose directory sits at its end: a truncated or overwritten copy fails
+    # here in microseconds, not after Ray and the instances have started (write_checkpoint never leaves one)
+    if not zipfile.is_zipfile(directory / TRAINER_FILE):
+        raise InputError("not a complete torch checkpoint (truncated or overwritten since it was written); "
+                         "restore the file, or start a new run", path=str(directory / TRAINER_FILE), key=key)
     return directory
 
 

@@ -756,7 +756,12 @@ class Driver:
         path, get the same weights under the checkpoint's version before the first dispatch."""
         from mindspeed_asp.runtime.checkpoint import trainer_file
 
-        self.trainer.load_checkpoint(trainer_file(self.resume_dir))
+        path = trainer_file(self.resume_dir)
+        try:
+            self.trainer.load_checkpoint(path)
+        except (RuntimeError, ValueError, KeyError, EOFError) as exc:  # torch's unpickling and shape refusals
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RunError(f"checkpoint {path}: cannot restore the trainer ({first})") from exc
         if self.trainer.version != self.version:
             raise RunError(f"checkpoint {self.resume_dir}: trainer at version {self.trainer.version}, run state "
                            f"at {self.version}")
