@@ -107,6 +107,16 @@ def validate_section(data: Any, model: Type[M], path: str, prefix: str = "") -> 
         raise ConfigError(f"{msg} (got {first.get('input')!r})", path=path, key=key) from None
 
 
+#: Top-level sections of a MindSpeed-RL training YAML (the per-model configs in configs/), which also carry an
+#: `asp:` section: the commands tell such a file from a standalone run config by these.
+MSRL_SECTIONS = ("megatron_training", "actor_config", "rl_config", "generate_config")
+
+
+def is_training_yaml(data: Dict[str, Any]) -> bool:
+    """Whether a parsed YAML is a MindSpeed-RL training config (it has one of MindSpeed-RL's own sections)."""
+    return any(k in data for k in MSRL_SECTIONS)
+
+
 def read_yaml(path: str | Path) -> Dict[str, Any]:
     """Read a YAML file into a mapping, naming the file and line on a syntax error."""
     path = Path(path)

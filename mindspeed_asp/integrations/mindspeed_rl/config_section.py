@@ -18,12 +18,12 @@ from typing import Any, Dict, Literal, Optional
 
 from pydantic import Field
 
-from mindspeed_asp.config import AspSection, load_asp_section, read_yaml, validate_section
+from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, is_training_yaml, load_asp_section, read_yaml,
+                                  validate_section)
 from mindspeed_asp.errors import ConfigError, InputError
 from mindspeed_asp.metrics import DeviceCount, colocated_devices, split_devices
 
 CONFIG_ENV = "ASP_MSRL_CONFIG"  # path of the training YAML; exported before `ray start` by shell/ scripts
-MSRL_SECTIONS = ("megatron_training", "actor_config", "rl_config", "generate_config")
 
 
 class MsrlAspSection(AspSection):
@@ -335,7 +335,7 @@ def load_scheduler_section(path: str | Path) -> AspSection:
     commands at the per-model YAML their launch script runs, and the strict `AspSection` alone refuses its
     loss keys."""
     data = read_yaml(path)
-    if not any(k in data for k in MSRL_SECTIONS):
+    if not is_training_yaml(data):
         return load_asp_section(path)
     return validate_section(scheduler_section(path)["asp"], AspSection, str(path), prefix="asp")
 
