@@ -175,6 +175,7 @@ CATALOGUE = [
     ("sim-rho-inf", SIM + ["--rho", "inf"], ["--rho"]),
     ("sim-seed-conflict", SIM[:2] + ["synthetic:prompts=8,n=2,seed=3"] + SIM[3:] + ["--seeds", "1"], ["--seeds"]),
     ("sim-seeds-too-many", SIM + ["--seeds", "0-100000000"], ["--seeds"]),
+    ("sim-seeds-descending", SIM + ["--seeds", "3-1"], ["--seeds", "'3-1' is empty", "1-3"]),
     ("sim-too-large", SIM + ["--instances", "100000000", "--slots", "100000000"], ["--slots", "GiB"]),
     ("sim-cost-not-utf8", SIM + ["--cost-file", "cost_bad.json"], ["cost_bad.json:1"]),
     ("sim-out-is-file", SIM[:-3] + ["afile", "--no-plots", "--quiet"], ["afile", "--out"]),

@@ -23,6 +23,9 @@ def _seeds(text: str) -> List[int]:
     try:
         if "-" in text and "," not in text:
             lo, hi = (int(x) for x in text.split("-", 1))
+            if hi < lo:
+                raise InputError(f"the range {text!r} is empty: write the low seed first ({hi}-{lo})",
+                                 key="--seeds")
             if hi - lo + 1 > MAX_SEEDS:
                 raise InputError(f"{hi - lo + 1} seeds; at most {MAX_SEEDS}", key="--seeds")
             seeds = list(range(lo, hi + 1))
