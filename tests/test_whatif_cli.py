@@ -69,8 +69,10 @@ def test_whatif_preset_flags_plot_cost_file_and_calibration(tmp_path, capsys):
     (["--model", "nope", "--devices", "16"], "--model"),
     (["--model", "qwen25_7b", "--devices", "16", "--max-lag", "one"], "--max-lag"),
     (["--model", "qwen25_7b", "--devices", "16", "--planners", "magic"], "--planners"),
-    (["--model", "qwen25_32b", "--devices", "32", "--splits", "7"], "--splits"),
+    (["--model", "qwen25_32b", "--devices", "32", "--tp", "4", "--splits", "7"], "--splits"),
     (["--model", "qwen25_32b", "--devices", "30", "--tp", "4"], "--tp"),
+    (["--model", "qwen25_32b", "--devices", "8", "--tp", "1"], "--tp"),  # the weights do not fit one die
+    (["--model", "qwen25_32b", "--devices", "8", "--tp", "2", "--mem-util-colocated", "0.3"], "--mem-util-colocated"),
     (["--model", "qwen25_7b", "--devices", "16", "--windows", "2"], "--windows"),
     (["--model", "qwen25_7b", "--devices", "16", "--train-efficiency", "2"], "--train-efficiency"),
     (["--config", "configs/none.yaml"], "--config"),
@@ -83,3 +85,29 @@ def test_whatif_bad_input_names_the_flag(argv, flag, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert flag in err and "Traceback" not in err
+
+
+def test_an_instance_the_weights_do_not_fit_is_refused_not_simulated_without_a_kv_limit():
+    """A KV budget of 0 tokens once became 'no limit' (`or None`): a 32B model on one 64 GB die was simulated
+    with unbounded KV cache. The setting is refused, and the cluster model never returns an unbounded budget."""
+    from mindspeed_asp.errors import InputError
+    from mindspeed_asp.experiments import whatif as wi
+    from mindspeed_asp.sim.model_presets import get_device, get_preset
+
+    s = wi.Setting(preset=get_preset("qwen25_32b"), device=get_device("A3"), devices=8, tp=1)
+    with pytest.raises(InputError, match="leave no KV cache.*TP 2"):
+        wi.check_fits(s)
+    model = wi.build_model(s)
+    with pytest.raises(ValueError, match="does not fit"):
+        model.kv_split(1)
+    assert model.kv_split(2) == s.preset.kv_budget(2, s.device, s.mem_util_split) > 0
+
+
+def test_the_default_tp_holds_the_model_in_both_layouts(tmp_path, capsys):
+    # qwen25_32b (65.6 GB) fits TP 2 at a split's 0.9 but not a colocated engine's default 0.5: TP 4
+    assert main(["whatif", "--quiet", "--no-plots", "--model", "qwen25_32b", "--devices", "16", "--windows", "3",
+                 "--window-groups", "8", "--minibatch", "8", "--max-lag", "1", "--planners", "stock,async",
+                 "--workload", "synthetic:prompts=24,n=2,cap=256,median=64", "--no-refine",
+                 "--json", str(tmp_path / "w.json")]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "w.json").read_text())["setting"]["tp"] == 4

@@ -39,7 +39,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, help="model preset: qwen25_7b, qwen25_32b, qwen3_8b, qwen3_30b_a3b")
     p.add_argument("--device", default=None, choices=("A3", "A2"), help="device preset (default A3)")
     p.add_argument("--devices", type=positive_int, default=None, help="N, all devices of the run")
-    p.add_argument("--tp", type=positive_int, default=None, help="devices per inference instance")
+    p.add_argument("--tp", type=positive_int, default=None, help="devices per inference instance (default: "
+                   "the smallest power of two whose instances hold the weights and 16k KV tokens at both "
+                   "--mem-util and --mem-util-colocated)")
     p.add_argument("--cost-file", default=None, help="decode cost JSON (a, b, c, p) from `asp fit-cost`, for "
                    "instances of --tp devices (replaces the preset's formula)")
     p.add_argument("--calibrate-log", default=None, help="a stock MindSpeed-RL training log: timing/update "
@@ -102,11 +104,15 @@ def make_setting(args: argparse.Namespace):
         if args.devices is None:
             raise InputError("give --devices (all devices of the run) or --config", key="--devices")
         over.setdefault("device", get_device("A3"))
-        if over.get("tp") is None:
-            over["tp"] = over["preset"].min_tp(over["device"], 0.9)
+        if over.get("tp") is None:  # the smallest TP whose instances hold the model, split and colocated alike
+            utils = (over.get("mem_util_split") or wi.Setting.mem_util_split,
+                     over.get("mem_util_colocated") or wi.Setting.mem_util_colocated)
+            over["tp"] = max(over["preset"].min_tp(over["device"], u) for u in utils)
         s = wi.Setting(**{k: v for k, v in over.items() if v is not None}, name=f"{args.model}_{args.devices}")
     if s.devices % s.tp:
         raise InputError(f"{s.devices} devices are not a multiple of TP {s.tp}", key="--tp")
+    wi.check_fits(s, tp_key="--tp" if args.tp is not None or not args.config
+                  else "generate_config.infer_tensor_parallel_size")
     if args.cost_file:
         s = wi.with_overrides(s, cost_override=load_cost_json(args.cost_file, key="--cost-file"))
     return s

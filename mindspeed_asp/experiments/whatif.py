@@ -54,6 +54,33 @@ class Setting:
     sources: Dict[str, str] = field(default_factory=dict)
 
 
+def check_fits(s: Setting, tp_key: str = "--tp") -> None:
+    """Refuse a setting whose instances cannot hold the model: the weights must leave KV cache at both memory
+    utilisations (a split's rollout instance, and a colocated engine). Why: a budget of 0 tokens is no
+    simulation at all, and the answer for a configuration that cannot load would mislead."""
+    p, d = s.preset, s.device
+    for util, flag, what in ((s.mem_util_split, "--mem-util", "a rollout instance of a split"),
+                             (s.mem_util_colocated, "--mem-util-colocated", "a colocated engine")):
+        if p.kv_budget(s.tp, d, util) > 0:
+            continue
+        usable = s.tp * d.hbm_bytes * util / 1e9
+        raise InputError(f"{p.name}'s weights ({p.weight_bytes / 1e9:.1f} GB) leave no KV cache in {what}: TP "
+                         f"{s.tp} x {d.hbm_bytes / 1e9:.0f} GB {d.name} x memory utilisation {util} = {usable:.1f} GB; "
+                         f"raise the TP (TP {p.min_tp(d, util)} holds the weights and 16k KV tokens) or {flag}",
+                         key=tp_key)
+
+
+def _kv_budget(s: Setting, util: float) -> Callable[[int], int]:
+    """KV tokens per instance of `tp` devices at `util`; a TP whose weights do not fit is an error, never an
+    unbounded budget."""
+    def budget(tp: int) -> int:
+        kv = s.preset.kv_budget(tp, s.device, util)
+        if kv <= 0:
+            raise ValueError(f"{s.preset.name} does not fit an instance of TP {tp} at memory utilisation {util}")
+        return kv
+    return budget
+
+
 def build_model(s: Setting) -> cm.ClusterModel:
     """The cluster model of a setting (presets' formulas, overrides applied)."""
     p, d = s.preset, s.device
@@ -76,8 +103,8 @@ def build_model(s: Setting) -> cm.ClusterModel:
         # weights to the inference layout and back, optimizer (12 B/param) + grads (4 B/param) off and on
         return 2.0 * p.weight_bytes / d.reshard_bw + 2.0 * 16.0 * p.params / devices / d.host_bw
 
-    return cm.ClusterModel(cost=cost, kv_split=lambda tp: p.kv_budget(tp, d, s.mem_util_split) or None,
-                           kv_colocated=lambda tp: p.kv_budget(tp, d, s.mem_util_colocated) or None,
+    return cm.ClusterModel(cost=cost, kv_split=_kv_budget(s, s.mem_util_split),
+                           kv_colocated=_kv_budget(s, s.mem_util_colocated),
                            slots=s.slots, trainer=trainer, sync_s=sync, switch_s=switch, name=s.name,
                            assumptions=assumptions(s))
 
