@@ -18,7 +18,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Optional, Union
+from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -48,6 +48,8 @@ class CostFit:
     mean_rel: float
     samples: int
     method: str = "nnls"
+    #: coefficients the timings cannot determine, each with why (the fit then puts their cost elsewhere)
+    unidentified: Tuple[str, ...] = ()
 
     def to_json(self) -> Dict[str, object]:
         """The cost-file document: a, b, c, p and source (what `load_cost_json` reads), the fit and residuals."""
@@ -55,7 +57,8 @@ class CostFit:
         return {"a": c.a, "b": c.b, "c": c.c, "p": c.p, "source": c.source,
                 "fit": {"method": self.method, "model": FORMULA},
                 "residuals": {"rmse_s": self.rmse_s, "max_abs_s": self.max_abs_s, "mean_rel": self.mean_rel,
-                              "r2": self.r2, "n": self.samples}}
+                              "r2": self.r2, "n": self.samples},
+                "unidentified": list(self.unidentified)}
 
 
 def fit_cost_model(active: np.ndarray, kv_tokens: np.ndarray, step_time: np.ndarray,
@@ -86,7 +89,22 @@ def fit_cost_model(active: np.ndarray, kv_tokens: np.ndarray, step_time: np.ndar
                      source=source)
     return CostFit(cost=cost, r2=1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
                    rmse_s=float(np.sqrt(ss_res / len(y))), max_abs_s=float(np.abs(resid).max()),
-                   mean_rel=float(np.mean(np.abs(resid) / y)), samples=len(y))
+                   mean_rel=float(np.mean(np.abs(resid) / y)), samples=len(y),
+                   unidentified=_unidentified(active, kv, X / scale))
+
+
+def _unidentified(active: np.ndarray, kv: np.ndarray, X: np.ndarray) -> Tuple[str, ...]:
+    """Which of b, c the timings cannot pin down, and why. Why: timings at one batch size (or one context)
+    still fit well, but the coefficient of the column that never moved is arbitrary, and a plan priced with it
+    at other batch sizes is wrong; the user should hear which sweep to widen."""
+    out = []
+    if np.ptp(active) == 0:
+        out.append(f"b: every timing has active = {active[0]:g} (time more batch sizes)")
+    if np.ptp(kv) == 0:
+        out.append(f"c: every timing has kv_tokens = {kv[0]:g} (time more contexts)")
+    if not out and np.linalg.matrix_rank(X) < X.shape[1]:
+        out.append("b, c: kv_tokens moves in step with active (time several contexts at each batch size)")
+    return tuple(out)
 
 
 def load_step_timings(path: PathLike) -> Dict[str, np.ndarray]:

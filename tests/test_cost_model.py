@@ -115,6 +115,24 @@ def test_step_timings_name_file_line_and_column(tmp_path):
         fit_timings_file(few)
 
 
+def test_a_sweep_that_cannot_determine_b_or_c_says_so(tmp_path, capsys):
+    act, kv, pf, y = _sweep(TRUE)
+    assert fit_cost_model(act, kv, y, pf).unidentified == ()  # a full sweep determines every coefficient
+    ctx = np.linspace(100, 600, 6)
+    one_batch = TRUE.a + TRUE.b * 4 + TRUE.c * ctx  # every step at active = 4
+    fit = fit_cost_model(np.full(6, 4.0), ctx, one_batch)
+    assert [w[0] for w in fit.unidentified] == ["b"] and "active = 4" in fit.unidentified[0]
+    steps = np.array([1.0, 2, 4, 8])
+    lock = fit_cost_model(steps, 100 * steps, TRUE.a + TRUE.b * steps + TRUE.c * 100 * steps)
+    assert lock.unidentified and lock.unidentified[0].startswith("b, c: kv_tokens moves in step with active")
+    timings = tmp_path / "one_batch.csv"
+    timings.write_text("active,kv_tokens,step_time\n" + "".join(f"4,{k:g},{t:.17g}\n" for k, t in zip(ctx, one_batch)))
+    out = tmp_path / "cost.json"
+    assert main(["fit-cost", "--timings", str(timings), "-o", str(out)]) == 0
+    assert "WARNING: not determined by these timings: b: every timing has active = 4" in capsys.readouterr().err
+    assert json.loads(out.read_text())["unidentified"][0].startswith("b:")
+
+
 def test_fit_cost_cli_fits_measured_timings(tmp_path, capsys):
     act, kv, pf, y = _sweep(TRUE, noise=0.01, seed=3)
     timings = tmp_path / "steps.csv"

@@ -125,4 +125,6 @@ def _report(doc: dict, out: Path) -> None:
           f"p = {doc['p']:.3e} s/prefill-token")
     print(f"fit: {doc['fit']['method']}, {r['n']} steps, R^2 = {r['r2']:.3f}, RMSE = {r['rmse_s'] * 1e3:.2f} ms, "
           f"mean |rel err| = {r['mean_rel']:.1%}")
+    for why in doc.get("unidentified", []):
+        print(f"WARNING: not determined by these timings: {why}", file=sys.stderr)
     print(f"wrote {out}")
