@@ -142,7 +142,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from mindspeed_asp.atomic import check_output_dir, write_json
     from mindspeed_asp.errors import InputError
-    from mindspeed_asp.memory_budget import check_fits, check_kv_budget, planning_bytes
+    from mindspeed_asp.memory_budget import check_fits, planning_bytes
     from mindspeed_asp.types import CostModel
     from mindspeed_asp.experiments import sweep
     from mindspeed_asp.cost_model import load_cost_json
@@ -170,10 +170,6 @@ def handle(args: argparse.Namespace) -> int:
                             sync_time=args.sync_time, overhead=args.overhead, estimator=args.estimator,
                             stale_policy=args.stale_policy, cost=cost, single_scaling=scaling,
                             work_stealing=args.work_stealing)
-    if args.kv_budget is not None:  # before any planning: a budget below one sequence can never run
-        from mindspeed_asp.workloads.spec import workload_from_spec
-        first = workload_from_spec(sweep.seeded_spec(args.workload, seeds[0]))
-        check_kv_budget(args.kv_budget, first.prompts.prompt_lens, first.max_new_tokens)
     advice = None
     if not args.no_advice:
         advice = _advice(args.workload, planners, cfg, seeds[0])

@@ -27,6 +27,7 @@ import numpy as np
 from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.metrics import rho_rlb_from_stock, rho_stock_from_rlb
+from mindspeed_asp.memory_budget import check_kv_budget
 from mindspeed_asp.policy import DEFAULT_STALE_POLICY
 from mindspeed_asp.scheduler.estimators import OracleEstimator, make_estimator
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner, needs_oracle
@@ -125,6 +126,7 @@ class Workbench:
 def prepare(spec: str, cfg: SweepConfig, seed: int) -> Workbench:
     """Resolve the workload for `seed` and build its estimates and reference rollout bound."""
     wl = workload_from_spec(seeded_spec(spec, seed))
+    check_kv_budget(cfg.kv_budget, wl.prompts.prompt_lens, wl.max_new_tokens)  # before any planning
     est = make_estimator(EstimatorSection(kind=cfg.estimator), wl.truth).estimate(
         wl.prompts, wl.history, wl.max_new_tokens)
     orc = OracleEstimator(wl.truth).estimate(wl.prompts, wl.history, wl.max_new_tokens)

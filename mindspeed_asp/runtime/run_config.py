@@ -14,8 +14,7 @@ from typing import Any, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, Strict, apply_overrides, is_training_yaml, read_yaml,
-                                  validate_section)
+from mindspeed_asp.config import MSRL_SECTIONS, AspSection, Strict, apply_overrides, read_yaml, validate_section
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.runtime.metrics_log import DEFAULT_TRAINER_DEVICES
 
@@ -190,8 +189,8 @@ def _refuse_training_yaml(data: Dict[str, Any], path: str) -> None:
     """Why: the per-model MindSpeed-RL YAMLs in configs/ also have an `asp:` section, so `asp train` would stop
     at whichever of their keys it meets first ('asp.objective: unknown key'); say what the file is and how
     it is launched instead."""
-    if is_training_yaml(data):
-        found = [k for k in MSRL_SECTIONS if k in data]
+    found = [k for k in MSRL_SECTIONS if k in data]
+    if found:
         raise ConfigError(f"a MindSpeed-RL training YAML (it has {', '.join(found)}), not a run config of the "
                           "standalone runtime: launch it with its shell/<config>.sh script (docs/ascend.md); "
                           "`asp train` takes a run config such as the packaged tiny_cpu.yaml", path=path)

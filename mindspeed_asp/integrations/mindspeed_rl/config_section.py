@@ -316,16 +316,20 @@ def rollout_dispatch_size(counts: list, n: int, gbs: int, instances: int) -> int
 
 
 def scheduler_section(path: str | Path) -> Dict[str, Any]:
-    """The YAML's `asp:` section without the loss keys, `${oc.env:...}` resolved: what `asp plan --config`
-    (the project's strict `AspSection`) reads. The launch scripts write it next to the plan."""
-    data = read_yaml(path)
+    """The YAML's `asp:` section without the loss keys, `${oc.env:...}` resolved: what the project's strict
+    `AspSection` reads. The launch scripts write it next to the plan."""
+    return {"asp": _scheduler_part(read_yaml(path), str(path))}
+
+
+def _scheduler_part(data: Dict[str, Any], path: str) -> Dict[str, Any]:
+    """A parsed training YAML's `asp:` mapping, validated whole (loss keys included), without the loss keys."""
     if "asp" not in data:
-        raise ConfigError("no top-level 'asp:' section", path=str(path))
-    section = resolve_env(data["asp"], str(path), "asp")
+        raise ConfigError("no top-level 'asp:' section", path=path)
+    section = resolve_env(data["asp"], path, "asp")
     if not isinstance(section, dict):
-        raise ConfigError("expected a mapping", path=str(path), key="asp")
-    validate_section(section, MsrlAspSection, str(path), prefix="asp")
-    return {"asp": {k: v for k, v in section.items() if k not in LOSS_KEYS}}
+        raise ConfigError("expected a mapping", path=path, key="asp")
+    validate_section(section, MsrlAspSection, path, prefix="asp")
+    return {k: v for k, v in section.items() if k not in LOSS_KEYS}
 
 
 def load_scheduler_section(path: str | Path) -> AspSection:
@@ -337,7 +341,7 @@ def load_scheduler_section(path: str | Path) -> AspSection:
     data = read_yaml(path)
     if not is_training_yaml(data):
         return load_asp_section(path)
-    return validate_section(scheduler_section(path)["asp"], AspSection, str(path), prefix="asp")
+    return validate_section(_scheduler_part(data, str(path)), AspSection, str(path), prefix="asp")
 
 
 def shell_vars(t: MsrlTopology) -> str:
