@@ -83,10 +83,14 @@ class RegimeAdvice:
     def chosen(self) -> LagPoint:
         return self.point(self.chosen_max_lag)
 
+    def reaches_stock(self, p: LagPoint) -> bool:
+        """`p` is predicted at most SLOWER_TOLERANCE slower than the stock pipeline (or faster)."""
+        return p.e2e_s <= self.stock_e2e_s * (1.0 + SLOWER_TOLERANCE)
+
     @property
     def slower_than_stock(self) -> bool:
         """The chosen bound is predicted more than SLOWER_TOLERANCE slower than the stock pipeline."""
-        return self.chosen.e2e_s > self.stock_e2e_s * (1.0 + SLOWER_TOLERANCE)
+        return not self.reaches_stock(self.chosen)
 
     @property
     def gap_pct(self) -> float:
@@ -97,7 +101,7 @@ class RegimeAdvice:
         if not self.slower_than_stock:
             return None
         c = self.chosen
-        faster = [str(p.max_lag) for p in self.points if p.e2e_s <= self.stock_e2e_s * (1.0 + SLOWER_TOLERANCE)]
+        faster = [str(p.max_lag) for p in self.points if self.reaches_stock(p)]
         hint = (f"; within {100 * SLOWER_TOLERANCE:.0f}% of stock or faster: max_lag {', '.join(faster)}" if faster
                 else "; no bound simulated here reaches it")
         pct = 100 * (c.e2e_s / self.stock_e2e_s - 1)
