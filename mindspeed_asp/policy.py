@@ -22,6 +22,10 @@ Pure Python: no numpy, Ray or torch. The rules and why they are these are in doc
 - **Dispatch and stealing**: free instances are offered work in order of fewest in flight, then index;
   instances whose own queue has work come first; an instance without work steals the not-started group at
   the tail of the most loaded other queue (ties: lowest index); a group sent back goes to the lightest queue.
+- **Isolation**: an instance running a group the plan isolated (`Assignment.isolated`: a dominant group, whose
+  longest sequence alone takes about as long as an instance's share of the work) steals nothing until that
+  group ends. Every decode step of an instance is paid by all its sequences, so stolen work would lengthen the
+  step of the sequence that sets the rollout's end; the plan gave that instance only what fits beside it.
 """
 from __future__ import annotations
 
@@ -100,6 +104,11 @@ def steal_victim(loads: Sequence[float], candidates: Iterable[int]) -> int:
         if best < 0 or loads[v] > best_load:
             best, best_load = v, loads[v]
     return best
+
+
+def may_steal(isolated_in_flight: int) -> bool:
+    """Whether an instance may steal, given how many groups the plan isolated it runs now (module doc)."""
+    return isolated_in_flight <= 0
 
 
 def shared_queue_order(queues: Sequence[Sequence[T]]) -> List[T]:

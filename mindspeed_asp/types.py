@@ -216,6 +216,8 @@ class Assignment:
     the instance with the fewest groups in flight takes the next (least-loaded dispatch, as the runtime's
     async mode, in the plan's order). The orders then hold that queue dealt round-robin, position by
     position, so a shared plan has the same shape (file, checks) as a pinned one.
+    `isolated` lists the groups the plan isolated (dominant groups): while one of them runs, its instance
+    steals nothing (`policy.may_steal`).
     """
 
     orders: List[np.ndarray]
@@ -223,6 +225,7 @@ class Assignment:
     planner: str
     params: Dict[str, float] = field(default_factory=dict)
     shared: bool = False
+    isolated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def shared_order(self) -> np.ndarray:
         """The groups in the order a shared queue hands them out (`policy.shared_queue_order`)."""
@@ -237,3 +240,7 @@ class Assignment:
         if len(allg) != num_groups or len(np.unique(allg)) != num_groups or \
                 (num_groups and (allg.min() < 0 or allg.max() >= num_groups)):
             raise ValueError(f"planner {self.planner!r} did not place each of {num_groups} groups exactly once")
+        iso = np.asarray(self.isolated, dtype=np.int64)
+        if len(iso) and (iso.min() < 0 or iso.max() >= num_groups or len(np.unique(iso)) != len(iso)):
+            raise ValueError(f"planner {self.planner!r}: isolated groups must be distinct indices in "
+                             f"0..{num_groups - 1}")

@@ -106,3 +106,30 @@ def test_isolation_gives_a_dominant_group_its_own_instance():
     # the long group's instance carries less of the rest than any other instance
     per_inst = np.bincount(owner, weights=gm.work, minlength=8)
     assert gm.work[mine].sum() - gm.work[17] < np.delete(per_inst, owner[17]).min()
+
+
+@pytest.mark.parametrize("seed", [5, 7])
+def test_an_isolated_dominant_group_lets_the_rollout_reach_the_solo_bound(seed):
+    """With exact lengths, ASP isolates the long outlier of a tiny-decode window, and its instance steals
+    nothing while the outlier runs, so the rollout ends at the tightened R_LB (the outlier's solo time); the
+    same plan whose instance may steal beside it ends later (the stolen sequences slow every step)."""
+    from mindspeed_asp.sim.train_time import TrainerModel
+
+    rng = np.random.default_rng(seed)
+    G, n = 400, 8
+    L = np.clip(np.rint(rng.lognormal(np.log(13), 0.7, (G, n))), 1, 2000).astype(np.int64)
+    L[17, :] = np.clip(rng.normal(1500, 200, n), 1, 1900)
+    est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
+                         has_history=np.ones(G, bool), estimator="oracle", samples=L)
+    p = PlanningProblem(prompts=PromptSet(prompt_ids=np.array([str(g) for g in range(G)], dtype=object),
+                                          prompt_lens=rng.integers(100, 600, G), n=n), estimate=est, instances=8,
+                        spec=InstanceSpec(slots=64), minibatch=16, cost=CostModel(), max_new_tokens=2000, seed=0,
+                        rho=0.1, max_lag=10 ** 6, work_stealing=True)  # rollout only: no lag gate
+    a = get_planner("asp")(p, np.random.default_rng(0))
+    assert 17 in a.isolated.tolist()
+    trainer = TrainerModel(alpha=0.0, overhead=0.0, minibatch=16)
+    iso = simulate_pipeline(p, a, L, mode="stock", max_lag=0, trainer=trainer, work_stealing=True)
+    free = simulate_pipeline(p, replace(a, isolated=np.zeros(0, dtype=np.int64)), L, mode="stock", max_lag=0,
+                             trainer=trainer, work_stealing=True)
+    assert iso.above["time/rollout"] < 1.0  # percent above R_LB
+    assert free.metrics["time/rollout"] > 1.02 * iso.metrics["time/rollout"]

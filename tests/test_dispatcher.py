@@ -183,3 +183,34 @@ def test_windows_go_out_oldest_first_whether_pinned_or_shared():
     d3 = Dispatcher("plan", instances=2, capacity=1)
     d3.load_state_dict(state)
     assert d3.window_of == d2.window_of and d3.windows_loaded == d2.windows_loaded == 2
+
+
+def test_an_instance_running_an_isolated_group_does_not_steal():
+    # instance 0 runs the isolated group 0 and has a free slot; instance 1 holds the queued work. Instance 0
+    # may steal only once group 0 is done; a free instance without an isolated group steals at once.
+    d = Dispatcher("plan", instances=3, capacity=2, clock=lambda: 0.0)
+    d.load_window(tickets(6), plan_queues=[[0], [1, 2, 3, 4, 5], []], isolated=[0])
+    first = [(j, t.gid) for j, t in d.fill()]
+    assert (0, 0) in first
+    assert all(s.thief != 0 for s in d.steals)
+    assert any(s.thief == 2 for s in d.steals)  # the other free instance stole instead
+    assert d.on_finished(0, 0)
+    assert d.on_finished(2, d.steals[0].gid)
+    more = [(j, t.gid) for j, t in d.fill()]
+    assert any(j == 0 for j, _ in more) and any(s.thief == 0 for s in d.steals)
+    # without the isolation, instance 0 steals beside group 0 from the start
+    d2 = Dispatcher("plan", instances=3, capacity=2, clock=lambda: 0.0)
+    d2.load_window(tickets(6), plan_queues=[[0], [1, 2, 3, 4, 5], []])
+    d2.fill()
+    assert any(s.thief == 0 for s in d2.steals)
+
+
+def test_isolated_groups_must_belong_to_the_window_and_survive_a_checkpoint():
+    d = Dispatcher("plan", instances=2, capacity=1)
+    with pytest.raises(ValueError, match="isolated group 7"):
+        d.load_window(tickets(2), plan_queues=[[0], [1]], isolated=[7])
+    assert d.queued() == 0 and d.isolated == set()  # a refused window leaves nothing behind
+    d.load_window(tickets(2), plan_queues=[[0], [1]], isolated=[1])
+    d2 = Dispatcher("plan", instances=2, capacity=1)
+    d2.load_state_dict(d.state_dict())
+    assert d2.isolated == {1}

@@ -172,3 +172,21 @@ def test_reward_claim_rows_are_whole_groups_dividing_the_dock():
     assert reward_claim_rows(None, 8, 32 * 8) == 256
     assert reward_claim_rows(12, 4, 40) == 8  # 12 rows is 3 groups; 10 groups split into 2s
     assert reward_claim_rows(3, 4, 40) == 4  # less than a group: one group
+
+
+def test_batches_say_which_groups_the_plan_isolated(plan_file, tmp_path):
+    """The groups a plan isolated reach the rollout driver as positions in the batch (their gids there)."""
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+
+    ds = dataset()
+    base = DispatchPlan.load(plan_file)
+    rows = [int(base.iteration_rows(0)[3]), int(base.iteration_rows(2)[0])]
+    path = tmp_path / "isolated.parquet"
+    DispatchPlan(dict(base.header, isolated_rows=sorted(rows)), base.cols).save(path)
+    plan = open_plan(str(path), M, prompt_set_from_dataset(ds, N))
+    it = PlanOrderedBatches(ds, plan, M, GBS, N)
+    for i in range(3):
+        batch = next(it)
+        ids = [int(t[0]) for t in batch[ASP_PROMPT_ID]]
+        want = [r for r in rows if base.iteration_of(str(r)) == i]
+        assert [ids[k] for k in it.isolated_positions()] == want

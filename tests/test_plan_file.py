@@ -213,3 +213,30 @@ def test_a_shared_iteration_survives_the_file(tmp_path, suffix):
     with pytest.raises(InputError, match="shared_iterations"):
         DispatchPlan(bad, back.cols, path="p")
     assert isinstance(Assignment(orders=[], minibatch=np.zeros(0), planner="x").shared_order(), np.ndarray)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_isolated_groups_survive_the_file(tmp_path, suffix):
+    """The groups a plan isolated (their instance steals nothing while they run) are read back per iteration,
+    as rows, prompt ids and in the Assignment; a bad list is refused naming the key."""
+    from mindspeed_asp.scheduler import baselines
+    from mindspeed_asp.types import InstanceSpec, PlanningProblem
+
+    prompts, est = dataset(G=12)
+    problems = [PlanningProblem(prompts=prompts.subset(np.arange(lo, lo + 6)),
+                                estimate=est.subset(np.arange(lo, lo + 6)), instances=2, spec=InstanceSpec(slots=8),
+                                minibatch=3, cost=CostModel(a=0.01, b=1e-4, c=1e-7), max_new_tokens=2048)
+               for lo in (0, 6)]
+    first = baselines.plan_lpt(problems[0], np.random.default_rng(0))
+    second = baselines.plan_lpt(problems[1], np.random.default_rng(0))
+    first.isolated, second.isolated = np.array([4], dtype=np.int64), np.array([0, 5], dtype=np.int64)
+    plan = DispatchPlan.from_assignments(prompts, [0, 6, 12], [first, second], est.median, est.group_max, {})
+    back = DispatchPlan.load(plan.save(tmp_path / f"plan{suffix}"), prompts)
+    assert back.isolated_rows(0).tolist() == [4] and back.isolated_rows(1).tolist() == [6, 11]
+    assert back.isolated_ids(1) == ["id-6", "id-11"]
+    assert back.assignment(0).isolated.tolist() == [4] and back.assignment(1).isolated.tolist() == [0, 5]
+    for bad_rows in ([12], [-1], "4"):
+        with pytest.raises(InputError, match="isolated_rows"):
+            DispatchPlan(dict(back.header, isolated_rows=bad_rows), back.cols, path="p")
+    old = {k: v for k, v in back.header.items() if k != "isolated_rows"}  # a plan written before isolation
+    assert DispatchPlan(old, back.cols, path="p").isolated_rows(0).tolist() == []

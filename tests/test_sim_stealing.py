@@ -96,3 +96,24 @@ def test_stealing_never_loses_on_one_sided_imbalance(seed):
     on = simulate_instances(orders, L, plens, InstanceSpec(8), COST, work_stealing=True)
     assert on.steals.sum() > 0
     assert on.makespan <= off.makespan
+
+
+def test_an_instance_running_an_isolated_group_steals_nothing_until_it_ends():
+    # instance 0 runs one long group with free slots beside it; instance 1 holds many short groups. Stealing
+    # fills instance 0's free slots, and every stolen sequence lengthens the long group's steps; with the group
+    # isolated, instance 0 steals only after it ends (then it does), and the long group ends sooner.
+    G, n, B = 41, 2, 8
+    L = np.full((G, n), 20, dtype=np.int64)
+    L[0] = 100
+    plens = np.full(G, 512)
+    orders = [np.array([0]), np.arange(1, G)]
+    cost = CostModel(a=1e-2, b=1e-4, c=1e-6)
+    plain = simulate_instances(orders, L, plens, InstanceSpec(B), cost, work_stealing=True)
+    iso = simulate_instances(orders, L, plens, InstanceSpec(B), cost, work_stealing=True, isolated=[0])
+    stolen_by_0 = np.flatnonzero(iso.group_stolen & (iso.group_instance == 0))
+    assert len(stolen_by_0) == iso.steals[0] > 0
+    assert np.all(iso.group_dispatch[stolen_by_0] >= iso.group_finish[0])
+    assert np.any(plain.group_dispatch[plain.group_stolen] < plain.group_finish[0])
+    assert iso.group_finish[0] < 0.8 * plain.group_finish[0]
+    with pytest.raises(ValueError, match="isolated group 99"):
+        simulate_instances(orders, L, plens, InstanceSpec(B), cost, work_stealing=True, isolated=[99])

@@ -18,6 +18,7 @@ Three policies, one per runtime mode (docs/design.md section 6):
   after every free instance with work of its own has taken it. A shared window of the plan (the planner
   chose not to pin its groups, `Assignment.shared`) waits in the one FIFO in the plan's order and goes
   out as in `least_loaded`; an instance takes from it once its own queue is empty, before it would steal.
+  An instance running a group the plan isolated (a dominant group) steals nothing until it ends.
 
 Every group is in exactly one state (queued, in flight on one instance, done), so a group is never handed
 out twice, and results from an instance that no longer owns a group are refused.
@@ -27,9 +28,10 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from mindspeed_asp.policy import LagPolicy, lightest, offer_order, shared_queue_order, steal_victim, wake_order
+from mindspeed_asp.policy import (LagPolicy, lightest, may_steal, offer_order, shared_queue_order, steal_victim,
+                                  wake_order)
 
 POLICIES = ("stock", "least_loaded", "plan")
 MODE_POLICY = {"stock": "stock", "async": "least_loaded", "asp": "plan"}
@@ -79,6 +81,7 @@ class Dispatcher:
     dispatched: int = field(init=False, default=0)
     windows_loaded: int = field(init=False, default=0)  # plan policy: windows loaded so far
     window_of: Dict[int, int] = field(init=False)  # plan policy: gid -> the window it was loaded in
+    isolated: set = field(init=False)  # gids the plan isolated: their instance steals nothing while they run
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -93,27 +96,34 @@ class Dispatcher:
         self.done = set()
         self.steals = []
         self.window_of = {}
+        self.isolated = set()
 
     # ------------------------------------------------------------------ loading work
     def load_window(self, tickets: Sequence[Ticket], plan_queues: Optional[Sequence[Sequence[int]]] = None,
-                    shared: bool = False) -> None:
+                    shared: bool = False, isolated: Iterable[int] = ()) -> None:
         """Add a window (an iteration, an epoch) of groups.
 
         `plan` needs `plan_queues` (per instance, the ordered gids of this window; with `shared`, one queue
         dealt round-robin, read back position by position into the FIFO); the other policies take `tickets`
-        in dataset order.
+        in dataset order. `isolated` are the gids the plan isolated (`Assignment.isolated`).
         """
         known = self._known()
         by_gid = {t.gid: t for t in tickets}
         for t in tickets:
             if t.gid in known:
                 raise ValueError(f"group {t.gid} is already queued, in flight or done")
+        iso = [int(g) for g in isolated]
+        for g in iso:
+            if g not in by_gid:
+                raise ValueError(f"isolated group {g} is not in this window")
         if self.policy == "plan":
             if plan_queues is None or len(plan_queues) != self.instances:
                 raise ValueError(f"plan dispatch needs {self.instances} instance queues")
             placed = [g for q in plan_queues for g in q]
             if sorted(placed) != sorted(by_gid):
                 raise ValueError("plan queues do not cover exactly this window's groups")
+        self.isolated.update(iso)
+        if self.policy == "plan":
             self.windows_loaded += 1
             self.window_of.update((g, self.windows_loaded) for g in by_gid)
             if shared:
@@ -173,13 +183,17 @@ class Dispatcher:
         if self.fifo:  # plan: a shared window after the pinned ones, to instances out of work of their own
             return j, self.fifo.popleft()
         if self.policy == "plan" and self.work_stealing:
+            # j has no work of its own, nor has any instance after it: the first that may steal does
+            thief = next((k for k in offered if may_steal(self._isolated_in_flight(k))), -1)
+            if thief < 0:
+                return None
             loads = [self._queue_load(k) for k in range(self.instances)]
             victim = steal_victim(loads, (k for k in range(self.instances)
-                                          if k != j and self.alive[k] and self.queues[k]))
+                                          if k != thief and self.alive[k] and self.queues[k]))
             if victim >= 0:
                 t = self.queues[victim].pop()  # tail: keeps the victim's plan order intact
-                self.steals.append(StealEvent(self.clock(), j, victim, t.gid))
-                return j, t
+                self.steals.append(StealEvent(self.clock(), thief, victim, t.gid))
+                return thief, t
         return None
 
     # ------------------------------------------------------------------ events
@@ -240,7 +254,8 @@ class Dispatcher:
                 "in_flight": [[asdict(t) for t in q.values()] for q in self.in_flight],
                 "done": sorted(self.done), "steals": [asdict(s) for s in self.steals],
                 "redispatched": self.redispatched, "dispatched": self.dispatched,
-                "windows_loaded": self.windows_loaded, "window_of": sorted(self.window_of.items())}
+                "windows_loaded": self.windows_loaded, "window_of": sorted(self.window_of.items()),
+                "isolated": sorted(self.isolated)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore `state_dict()` output into a fresh dispatcher of the same policy and instance count.
@@ -262,6 +277,7 @@ class Dispatcher:
         self.dispatched = int(state["dispatched"])
         self.windows_loaded = int(state.get("windows_loaded", 0))  # absent in checkpoints before shared windows
         self.window_of = {int(g): int(w) for g, w in state.get("window_of", [])}
+        self.isolated = {int(g) for g in state.get("isolated", [])}  # absent in checkpoints before isolation
 
     def abandon_in_flight(self) -> List[int]:
         """Groups in flight on instances that are gone as a whole (a stopped run being resumed) go back to
@@ -318,6 +334,9 @@ class Dispatcher:
             return False
         head = self.window_of.get(self.fifo[0].gid, 0)
         return all(head < self.window_of.get(q[0].gid, 0) for q in self.queues if q)
+
+    def _isolated_in_flight(self, j: int) -> int:
+        return sum(1 for g in self.in_flight[j] if g in self.isolated)
 
     def _queue_load(self, j: int) -> float:
         return sum(t.predicted for t in self.queues[j])

@@ -386,11 +386,13 @@ class Driver:
             self.loaded_plans.append({"window": self.window_index, "groups": len(gids), "planner": plan.planner,
                                       "ahead": ahead, "plan_seconds": plan.plan_seconds, "cost": plan.cost,
                                       "rho": plan.rho, "queues": plan.queues, "shared": plan.shared,
+                                      "isolated": plan.isolated,
                                       "searched": plan.searched,
                                       "minibatch": [plan.minibatch[g] for g in gids], "gids": gids})
             tickets = [Ticket(g, plan.predicted_tokens[g]) for g in gids]
             self.minibatch_tag.update(plan.minibatch)
-            self.dispatcher.load_window(tickets, plan_queues=plan.queues, shared=plan.shared)
+            self.dispatcher.load_window(tickets, plan_queues=plan.queues, shared=plan.shared,
+                                        isolated=plan.isolated)
             self.recorder.event("plan", window=self.window_index, groups=len(gids),
                                 with_history=plan.with_history, planner=plan.planner, ahead=ahead,
                                 shared=plan.shared,
@@ -493,7 +495,8 @@ class Driver:
             self.minibatch_tag[g] = int(plan.minibatch_of(pid))
             tickets.append(Ticket(g, float(plan.predicted(pid).get("pred_group_max", 1.0)) * self.cfg.data.n))
         shared = plan.is_shared(it)
-        self.dispatcher.load_window(tickets, plan_queues=queues, shared=shared)
+        self.dispatcher.load_window(tickets, plan_queues=queues, shared=shared,
+                                    isolated=[int(r) for r in plan.isolated_rows(it)])
         self.recorder.event("plan", window=self.window_index, groups=len(gids), with_history=-1,
                             planner=f"file:{plan.path}", shared=shared)
         self.window_index += 1

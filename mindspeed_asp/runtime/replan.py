@@ -45,6 +45,7 @@ class WindowPlan:
     plan_seconds: float = 0.0  # wall time of estimating + planning this window
     searched: bool = True  # False: the window reused the last search's choice (the planning budget was spent)
     shared: bool = False  # the planner left the window unpinned: one queue in plan order, least-loaded
+    isolated: List[int] = field(default_factory=list)  # gids the plan isolated (Assignment.isolated)
 
 
 @dataclass
@@ -244,7 +245,7 @@ class WindowPlanner:
             planner=assignment.planner, with_history=pending.with_history,
             params=dict(assignment.params), cost=pending.cost.as_dict(), rho=pending.rho.as_dict(),
             plan_seconds=pending.prepare_seconds + pending.solve_seconds, shared=bool(assignment.shared),
-            searched=searched)
+            isolated=[int(gids[i]) for i in assignment.isolated], searched=searched)
         w = len(self.windows)
         self.windows.append(plan)
         self._window_left[w] = len(gids)

@@ -276,7 +276,9 @@ def build_candidate(problem: PlanningProblem, gm: GroupMoments, owner: np.ndarra
     params = {"theta": theta, "order_rule": ORDER_RULES[rule], "eps_base": eps_base, "eps": eps,
               "rho": float(problem.rho)}
     params.update(info)
-    return Assignment(orders=orders, minibatch=tags, planner=name, params=params)
+    # an isolation balance keeps its dominant groups' instances free of stolen work (policy.may_steal)
+    isolated = dominant_groups(gm, problem) if theta == ISOLATE_BALANCE else np.zeros(0, dtype=np.int64)
+    return Assignment(orders=orders, minibatch=tags, planner=name, params=params, isolated=isolated)
 
 
 def _selection_rows(gm: GroupMoments, k: int, rng: np.random.Generator) -> np.ndarray:

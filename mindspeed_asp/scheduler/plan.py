@@ -107,6 +107,9 @@ class DispatchPlan:
             "iteration_starts": starts,
             # iterations dispatched from one shared queue in the plan's order (Assignment.shared)
             "shared_iterations": [it for it, a in enumerate(assignments) if a.shared],
+            # dataset rows of the groups the plan isolated (Assignment.isolated): while one runs, its instance
+            # steals nothing
+            "isolated_rows": sorted(int(g) + starts[it] for it, a in enumerate(assignments) for g in a.isolated),
         })
         return cls(head, cols)
 
@@ -134,6 +137,9 @@ class DispatchPlan:
                                                 for i in shared):
             raise InputError(f"shared_iterations must list iteration indices in 0..{len(starts) - 2}",
                              path=where, key="shared_iterations")
+        isolated = h.get("isolated_rows", [])
+        if not isinstance(isolated, list) or any(not isinstance(r, int) or not 0 <= r < G for r in isolated):
+            raise InputError(f"isolated_rows must list dataset rows in 0..{G - 1}", path=where, key="isolated_rows")
 
     def check_dataset(self, prompts: PromptSet) -> None:
         """Refuse a plan built for another dataset (ids, prompt lengths, n or order differ)."""
@@ -217,7 +223,7 @@ class DispatchPlan:
         tags[self.cols["row"][sl] - start] = self.cols["minibatch"][sl]
         params = self.iteration_params(iteration)
         a = Assignment(orders=orders, minibatch=tags, planner=str(self.header.get("planner", "")), params=params,
-                       shared=self.is_shared(iteration))
+                       shared=self.is_shared(iteration), isolated=self.isolated_rows(iteration) - start)
         a.validate(hi - lo)
         return a
 
@@ -225,6 +231,18 @@ class DispatchPlan:
         """Whether the iteration's groups wait in one shared queue (read position by position across the
         instances' queues) for the least-loaded instance, instead of in per-instance queues."""
         return int(iteration) in set(self.header.get("shared_iterations") or [])
+
+    def isolated_rows(self, iteration: int) -> np.ndarray:
+        """Dataset rows of the iteration's isolated groups (`Assignment.isolated`): while one of them runs, its
+        instance steals nothing. Plans written before isolation existed have none."""
+        lo, hi = self.header["iteration_starts"][iteration], self.header["iteration_starts"][iteration + 1]
+        rows = np.asarray(self.header.get("isolated_rows") or [], dtype=np.int64)
+        return rows[(rows >= lo) & (rows < hi)]
+
+    def isolated_ids(self, iteration: int) -> List[str]:
+        """Prompt ids of the iteration's isolated groups."""
+        ids = np.asarray(self.cols["prompt_id"])[np.argsort(self.cols["row"])]
+        return [str(ids[r]) for r in self.isolated_rows(iteration)]
 
     def shared_queue(self, iteration: int) -> List[str]:
         """The prompt ids of a shared iteration in the order its queue hands them out."""

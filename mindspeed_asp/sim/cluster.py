@@ -266,6 +266,7 @@ def simulate_stream(model: ClusterModel, wins: Windows, split: Split, mode: str,
     queue: List[np.ndarray] = []  # the windows' shared orders, one after the other
     tags = []
     shared = []
+    isolated: List[np.ndarray] = []
     for w in range(K):
         win = wins.window(w)
         tok = float(win.tokens())
@@ -274,6 +275,7 @@ def simulate_stream(model: ClusterModel, wins: Windows, split: Split, mode: str,
         problem = _problem(win, split, spec, cost, max_lag, rho, steal)
         a = plan(problem)
         shared.append(a.shared)
+        isolated.append(np.asarray(a.isolated, dtype=np.int64) + w * Gw)
         queue.append(a.shared_order() + w * Gw)
         for j, o in enumerate(a.orders):
             orders[j].append(np.asarray(o, dtype=np.int64) + w * Gw)
@@ -288,7 +290,8 @@ def simulate_stream(model: ClusterModel, wins: Windows, split: Split, mode: str,
         full = [q[j::split.instances] for j in range(split.instances)]
     tag = np.concatenate(tags)
     assignment = Assignment(orders=full, minibatch=tag if (tag >= 0).any() else np.full(len(tag), -1),
-                            planner=mode, shared=all_shared)
+                            planner=mode, shared=all_shared,
+                            isolated=np.concatenate(isolated) if isolated else np.zeros(0, dtype=np.int64))
     all_wins = wins.take(np.arange(K * Gw))
     problem = _problem(all_wins, split, spec, cost, max_lag, 1.0, steal)
     res = simulate_pipeline(problem, assignment, all_wins.truth, mode="stream", max_lag=max_lag, trainer=trainer,

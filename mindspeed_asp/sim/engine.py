@@ -32,6 +32,8 @@ Where an instance's next group comes from when its own queue is empty is the sha
 - `dispatch="fifo"` (the runtime's async mode): the head of one shared queue in dataset order; the
   instances start with empty queues. `dispatch="shared"` (a shared plan, `Assignment.shared`): the same,
   with the queue in the plan's order (the orders read position by position, `Assignment.shared_order`).
+- isolation (`isolated`, the plan's `Assignment.isolated`): an instance running an isolated group steals
+  nothing until it ends (`policy.may_steal`).
 When several instances are offered work at once (the start, `notify` after a version bump), they go in the
 policy's order: fewest running first, those with work of their own before those that would take it
 elsewhere. Every steal is counted per thief and per group.
@@ -52,7 +54,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.policy import lightest, offer_order, shared_queue_order, steal_victim, wake_order
+from mindspeed_asp.policy import lightest, may_steal, offer_order, shared_queue_order, steal_victim, wake_order
 from mindspeed_asp.types import CostModel, InstanceSpec
 
 INF = float("inf")
@@ -237,7 +239,8 @@ class Cluster:
                  spec: InstanceSpec, cost, *, gate: Optional[GateFn] = None,
                  on_group_done: Optional[Callable[[int, float], None]] = None,
                  kv_policy: str = "preempt", cost_scale: float = 1.0, work_stealing: bool = False,
-                 steal_load: Optional[np.ndarray] = None, dispatch: str = "plan") -> None:
+                 steal_load: Optional[np.ndarray] = None, dispatch: str = "plan",
+                 isolated: Optional[Sequence[int]] = None) -> None:
         if dispatch not in DISPATCH:
             raise ValueError(f"dispatch must be one of {DISPATCH}, got {dispatch!r}")
         lengths = np.asarray(lengths)
@@ -336,6 +339,12 @@ class Cluster:
         m = len(self.insts)
         self.granted = [0] * m  # groups instance j may still open under the budget
         self._infl = [0] * m  # groups opened on instance j and not finished
+        self._isolated = [False] * self.G  # groups the plan isolated (policy.may_steal)
+        for g in (isolated if isolated is not None else ()):
+            if not 0 <= int(g) < self.G:
+                raise ValueError(f"isolated group {g} outside [0, {self.G})")
+            self._isolated[int(g)] = True
+        self._iso_n = [0] * m  # isolated groups in flight on instance j
         self._qn = [len(ins.queue) // n for ins in self.insts]  # not-started groups in instance j's own queue
         self._unbounded = False  # the budget covers every group from the start: no dealing
 
@@ -554,6 +563,8 @@ class Cluster:
             self.group_finish[g] = clock
             self._inload[j] -= self._gload[g]
             infl[j] -= 1
+            if self._isolated[g]:
+                self._iso_n[j] -= 1
             if self.on_group_done is not None:
                 self.on_group_done(g, clock)
         if self.K < INF and self.kv_policy == "preempt" and ins.kv + ins.n > self.K:
@@ -589,7 +600,7 @@ class Cluster:
         of a steal (the policy's most loaded queue with a whole not-started group at its tail), or nowhere."""
         if self.dispatch == "fifo":
             return _FIFO if self._fifo_ptr < len(self._fifo) else _NONE
-        if not self.work_stealing:
+        if not self.work_stealing or not may_steal(self._iso_n[j]):
             return _NONE
         nsamp = self.nsamp
         cands = []
@@ -661,6 +672,8 @@ class Cluster:
         self._inload[j] += self._gload[g]
         self._qn[j] -= 1
         self._infl[j] += 1
+        if self._isolated[g]:
+            self._iso_n[j] += 1
         if granting:
             self.granted[j] -= 1
         return _ADMITTED
@@ -713,6 +726,8 @@ class Cluster:
             elif own[j] > 0:
                 own[j] -= 1
             elif self.work_stealing:
+                if not may_steal(self._iso_n[j]):
+                    continue  # off the heap for this deal: it is offered work again at the next one
                 v = steal_victim(own, [k for k in range(m) if k != j and own[k] > 0])
                 if v < 0:
                     break
@@ -833,7 +848,8 @@ class Cluster:
 def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
                        spec: InstanceSpec, cost, release: Optional[Callable[[int], float]] = None, *,
                        kv_policy: str = "preempt", cost_scale: float = 1.0, work_stealing: bool = False,
-                       steal_load: Optional[np.ndarray] = None, dispatch: str = "plan") -> InstanceTrace:
+                       steal_load: Optional[np.ndarray] = None, dispatch: str = "plan",
+                       isolated: Optional[Sequence[int]] = None) -> InstanceTrace:
     """Run every instance's queue to completion and return the trace.
 
     `orders[j]` is instance j's ordered group indices; `lengths[g, s]` true response lengths; `release(g)`
@@ -849,7 +865,8 @@ def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_len
             r = float(release(g))
             return None if r <= now else r
     cl = Cluster(orders, lengths, prompt_lens, spec, cost, gate=gate, kv_policy=kv_policy,
-                 cost_scale=cost_scale, work_stealing=work_stealing, steal_load=steal_load, dispatch=dispatch)
+                 cost_scale=cost_scale, work_stealing=work_stealing, steal_load=steal_load, dispatch=dispatch,
+                 isolated=isolated)
     cl.run()
     left = cl.unfinished_groups()
     if left:

@@ -287,7 +287,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     steal = steal and mode != "single" and problem.instances > 1 and dispatch == "plan"
     P = np.asarray(problem.prompts.prompt_lens, dtype=np.int64)
     cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, work_stealing=steal,
-                 steal_load=_steal_load(problem) if steal else None, dispatch=dispatch)
+                 steal_load=_steal_load(problem) if steal else None, dispatch=dispatch,
+                 isolated=assignment.isolated if steal else None)
     tok = L + P[:, None]  # prompt + response tokens per sample
     if mode == "stream":
         run = _run_stream(cl, assignment, trainer, tok, max_lag, stale_policy, sync_time, sync_pauses_rollout,

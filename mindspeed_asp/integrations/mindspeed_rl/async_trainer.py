@@ -391,15 +391,16 @@ class AsyncFit:
                                          float(self.sampling.get("temperature", 1.0)),
                                          None if seed is None else int(seed) + gid * self.topo.n))
         self.extra.update(extra)
-        queues, shared = None, False
+        queues, shared, isolated = None, False, []
         if self.asp.mode == "asp" and isinstance(data_iters, PlanOrderedBatches):
             shared = data_iters.last_shared
+            isolated = [gids[k] for k in data_iters.isolated_positions()]
             sizes = [len(q) for q in data_iters.last_queues]
             queues, start = [], 0
             for s in sizes:
                 queues.append(gids[start:start + s])
                 start += s
-        ray.get(self.driver.load_window.remote(requests, {}, queues, shared))
+        ray.get(self.driver.load_window.remote(requests, {}, queues, shared, isolated))
         self.windows_fed += 1
         return True
 

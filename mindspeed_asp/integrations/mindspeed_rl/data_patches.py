@@ -220,9 +220,15 @@ class PlanOrderedBatches:
         self.iteration = start_iteration
         self.last_queues: List[List[str]] = []
         self.last_shared = False  # the last iteration's groups wait in one shared queue (DispatchPlan.is_shared)
+        self.last_isolated: List[str] = []  # prompt ids the last iteration isolated (DispatchPlan.isolated_ids)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return self
+
+    def isolated_positions(self) -> List[int]:
+        """Positions in the last batch (the queues laid end to end) of the groups its plan isolated."""
+        iso = set(self.last_isolated)
+        return [k for k, p in enumerate(p for q in self.last_queues for p in q) if p in iso]
 
     def __next__(self) -> Dict[str, Any]:
         try:
@@ -253,6 +259,8 @@ class PlanOrderedBatches:
         self.last_queues = queues
         is_shared = getattr(self.plan, "is_shared", None)
         self.last_shared = bool(is_shared(self.iteration)) if is_shared is not None else False
+        isolated_ids = getattr(self.plan, "isolated_ids", None)
+        self.last_isolated = list(isolated_ids(self.iteration)) if isolated_ids is not None else []
         self.iteration += 1
         return collate_prompts(items, ids, self.additional_keys)
 

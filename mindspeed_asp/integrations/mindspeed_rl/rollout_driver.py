@@ -58,16 +58,18 @@ class RolloutDriver:
 
     # ---------------------------------------------------------------- control (called by the trainer)
     def load_window(self, requests: Sequence[GroupRequest], predicted: Dict[int, float],
-                    plan_queues: Optional[List[List[int]]] = None, shared: bool = False) -> int:
+                    plan_queues: Optional[List[List[int]]] = None, shared: bool = False,
+                    isolated: Sequence[int] = ()) -> int:
         """Queue a window of groups (`group_id` = str of an int gid), in plan queues when the plan dispatches
-        (`shared`: the plan left the window unpinned, one queue in its order, least-loaded)."""
+        (`shared`: the plan left the window unpinned, one queue in its order, least-loaded; `isolated`: the
+        gids the plan isolated, whose instance steals nothing while they run)."""
         with self.lock:
             tickets = []
             for req in requests:
                 gid = int(req.group_id)
                 self.requests[gid] = req
                 tickets.append(Ticket(gid, float(predicted.get(gid, 1.0))))
-            self.dispatcher.load_window(tickets, plan_queues, shared=shared)
+            self.dispatcher.load_window(tickets, plan_queues, shared=shared, isolated=isolated)
             self.lock.notify_all()
             return self.dispatcher.queued()
 
