@@ -207,3 +207,29 @@ def test_max_lag_and_stealing_come_from_config_and_flags(tmp_path, capsys):
     capsys.readouterr()  # the regime advice may have warned on stderr above
     err = run_error(capsys, base_args(data, hist, out, "--max-lag", "-1"))
     assert "--max-lag" in err
+
+
+def test_plan_reports_the_groups_it_isolated(tmp_path, capsys):
+    """Tiny decodes with one long outlier, at a loose lag bound (max_lag K-1): the plan isolates the outlier's
+    group, writes its row to the file, and the summary says so (and what it means at run time)."""
+    rng = np.random.default_rng(5)
+    G, n = 400, 8
+    data, hist = tmp_path / "prompts.jsonl", tmp_path / "history.jsonl"
+    with data.open("w") as fh:
+        for i in range(G):
+            fh.write(json.dumps({"prompt_id": f"q{i}", "prompt_len": int(rng.integers(100, 600))}) + "\n")
+    with hist.open("w") as fh:
+        for e in range(2):
+            for i in range(G):
+                lens = np.clip(np.rint(rng.lognormal(np.log(13), 0.7, n)), 1, 2000)
+                if i == 17:
+                    lens = np.clip(rng.normal(1500, 200, n), 1, 1900).round()
+                fh.write(json.dumps({"prompt_id": f"q{i}", "epoch": e, "lengths": lens.astype(int).tolist()}) + "\n")
+    out = tmp_path / "plan.parquet"
+    rc = main(["plan", "--dataset", str(data), "--history", str(hist), "--truth", str(hist), "--planner", "oracle_asp",
+               "--instances", "8", "--slots", "64", "--minibatch", "16", "--n", str(n), "--rho", "0.1",
+               "--max-new-tokens", "2000", "--max-lag", "24", "--no-progress", "-o", str(out)])
+    assert rc == 0
+    assert "dominant group(s) isolated" in capsys.readouterr().out
+    plan = load_plan(out)
+    assert 17 in plan.header["isolated_rows"] and "q17" in plan.isolated_ids(0)

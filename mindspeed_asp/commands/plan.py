@@ -226,6 +226,7 @@ def plan_summary(result, max_new_tokens: int, advice=None, plan_seconds: Optiona
         "max_lag": int(plan.header["max_lag"]),
         "work_stealing": bool(plan.header["work_stealing"]),
         "shared_iterations": len(plan.header.get("shared_iterations") or []),
+        "isolated_groups": len(plan.header.get("isolated_rows") or []),
     }
     if plan_seconds is not None:
         out["plan_seconds"] = float(plan_seconds)
@@ -254,6 +255,10 @@ def format_summary(s: Dict[str, Any], path: str) -> str:
     shared = int(s.get("shared_iterations", 0))
     lines.append(f"  dispatch          {s['iterations'] - shared} iteration(s) pinned to instance queues, {shared} "
                  f"from one shared queue (least-loaded: the selection found no pinned plan faster there)")
+    isolated = int(s.get("isolated_groups", 0))
+    if isolated:
+        lines.append(f"  isolation         {isolated} dominant group(s) isolated: each one's instance steals nothing "
+                     f"while it runs (its longest sequence alone sets the rollout's end)")
     g = s.get("gap")
     if g is not None:
         lines.append(f"  true-bound gap    first window: simulated rollout {g['sim_rollout_s']:.1f} s vs lower bound "
