@@ -13,6 +13,10 @@ group finishes `length` seconds after it starts; an update of the trainer takes 
 seconds, weight sync is instant. The runtime side is an event loop over the runtime's own `Dispatcher`,
 `SampleQueue` and `LagPolicy` (no engines, no Ray). The trace has no two events at the same time, so the
 order of simultaneous events (which the two loops may process differently) never decides anything.
+
+Isolation (an instance running a group the plan isolated steals nothing) needs an instance with a free slot
+beside a running group, so its script runs two groups per instance with no lag bound: dispatches then happen
+only when a group ends, on the step grid of both engines, and the two sides still agree decision for decision.
 """
 from __future__ import annotations
 
@@ -239,3 +243,68 @@ def test_a_shared_plan_goes_out_in_plan_order_without_steals():
     width = max(len(q) for q in queues)
     assert by_start == [int(q[p]) for p in range(width) for q in queues if p < len(q)]
     assert shared.dispatch != runtime("asp", 2).dispatch
+
+
+# --------------------------------------------------------------------------------------------- isolation
+ISOLATION_SEED = 0
+
+
+def isolation_script(seed: int = ISOLATION_SEED):
+    """Three instances, two groups in flight each: instance 0's plan is one long group then a short one, the
+    others hold many groups, so instance 0 has a free slot beside its long group for most of the run."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice(np.arange(40, 400), size=G, replace=False).astype(np.int64)
+    lengths[0] = 700
+    queues = [np.array([0, 1]), np.arange(2, 14), np.arange(14, G)]
+    return lengths, queues
+
+
+def isolation_decisions(side: str, isolated: List[int]) -> Tuple[Dict[int, Tuple[int, float]], Dict[int, int]]:
+    """(group -> (instance, start), stolen group -> thief) from the simulator's engine or the runtime's dispatcher,
+    each engine running two groups at a time, every step 1 s (a group ends `length` s after it starts)."""
+    from mindspeed_asp.sim.engine import simulate_instances
+
+    lengths, queues = isolation_script()
+    load = lengths.astype(np.float64)  # predicted tokens: the steal load on both sides
+    if side == "sim":
+        tr = simulate_instances(queues, np.repeat(lengths[:, None], N, 1), np.full(G, PROMPT),
+                                InstanceSpec(slots=2 * N), CostModel(a=1.0, b=0.0, c=0.0, p=0.0), work_stealing=True,
+                                steal_load=load, isolated=isolated)
+        return ({g: (int(tr.group_instance[g]), float(tr.group_dispatch[g])) for g in range(G)},
+                {g: int(tr.group_instance[g]) for g in np.flatnonzero(tr.group_stolen).tolist()})
+    now = 0.0
+    d = Dispatcher("plan", INSTANCES, capacity=2, work_stealing=True, clock=lambda: now)
+    d.load_window([Ticket(g, float(load[g])) for g in range(G)], plan_queues=[q.tolist() for q in queues],
+                  isolated=isolated)
+    finishes: List[Tuple[float, int, int]] = []
+    dispatch: Dict[int, Tuple[int, float]] = {}
+    times = []
+    while True:
+        for j, t in d.fill():
+            dispatch[t.gid] = (j, now)
+            heapq.heappush(finishes, (now + float(lengths[t.gid]), t.gid, j))
+        if not finishes:
+            break
+        now, gid, j = heapq.heappop(finishes)
+        times.append(now)
+        assert d.on_finished(j, gid)
+    assert len(set(times)) == len(times), "the script has simultaneous events: pick another seed"
+    return dispatch, {s.gid: s.thief for s in d.steals}
+
+
+@pytest.mark.parametrize("isolated", [[], [0]])
+def test_simulator_and_runtime_isolate_alike(isolated):
+    """The isolation rule (policy.may_steal) on both sides: the same dispatches and steals with and without
+    an isolated group, and the isolated group's instance steals only once that group has ended."""
+    (sim_d, sim_s), (rt_d, rt_s) = isolation_decisions("sim", isolated), isolation_decisions("runtime", isolated)
+    assert sim_s == rt_s
+    assert sim_d.keys() == rt_d.keys()
+    for g in sim_d:
+        assert sim_d[g][0] == rt_d[g][0] and sim_d[g][1] == pytest.approx(rt_d[g][1], abs=1e-9), g
+    lengths, _ = isolation_script()
+    stolen_by_0 = [g for g, j in rt_s.items() if j == 0]
+    assert stolen_by_0  # instance 0 steals in both runs ...
+    if isolated:  # ... but with group 0 isolated, only after it ended
+        assert min(rt_d[g][1] for g in stolen_by_0) >= float(lengths[0])
+    else:
+        assert min(rt_d[g][1] for g in stolen_by_0) < float(lengths[0])
