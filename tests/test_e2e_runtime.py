@@ -201,12 +201,15 @@ def test_asp_follows_offline_plan_file_then_replans(tmp_path, tiny_model):
     est = estimate_lengths(prompts, None, cfg.data.max_new_tokens)
     plan = build_plan(prompts, est, instances=2, slots=cfg.asp.slots, minibatch=4,
                       max_new_tokens=cfg.data.max_new_tokens, groups_per_iteration=4).plan
+    isolated = int(plan.instance_rows(0, 0)[0])  # the file marks one group isolated: the driver must pass it on
+    plan = type(plan)(dict(plan.header, isolated_rows=[isolated]), plan.cols)
     path = plan.save(tmp_path / "plan.jsonl")
     summary, steps, out = run(tmp_path, tiny_model, "asp", 1, extra=[f"asp.plan_path={path}"])
     check_invariants(summary, steps, 1)
     plans = [e for e in json.loads((out / "trace.json").read_text())["events"] if e["kind"] == "plan"]
     # epoch 0 (8 groups) follows the file's two iterations; epoch 1 is re-planned from observed lengths
     assert [p["planner"].startswith("file:") for p in plans] == [True, True, False]
+    assert [p["isolated"] for p in plans[:2]] == [1, 0]
     assert plans[2]["with_history"] > 0  # planned after update 0, with what had finished by then
     trace = json.loads((out / "trace.json").read_text())
     for it in range(2):

@@ -395,7 +395,7 @@ class Driver:
                                         isolated=plan.isolated)
             self.recorder.event("plan", window=self.window_index, groups=len(gids),
                                 with_history=plan.with_history, planner=plan.planner, ahead=ahead,
-                                shared=plan.shared,
+                                shared=plan.shared, isolated=len(plan.isolated),
                                 plan_seconds=round(plan.plan_seconds, 4), cost=plan.cost, rho=plan.rho)
         else:
             caps = {g: float(self.prompt_list[g % self.P][2]) for g in gids}
@@ -495,10 +495,10 @@ class Driver:
             self.minibatch_tag[g] = int(plan.minibatch_of(pid))
             tickets.append(Ticket(g, float(plan.predicted(pid).get("pred_group_max", 1.0)) * self.cfg.data.n))
         shared = plan.is_shared(it)
-        self.dispatcher.load_window(tickets, plan_queues=queues, shared=shared,
-                                    isolated=[int(r) for r in plan.isolated_rows(it)])
+        isolated = [int(r) for r in plan.isolated_rows(it)]
+        self.dispatcher.load_window(tickets, plan_queues=queues, shared=shared, isolated=isolated)
         self.recorder.event("plan", window=self.window_index, groups=len(gids), with_history=-1,
-                            planner=f"file:{plan.path}", shared=shared)
+                            planner=f"file:{plan.path}", shared=shared, isolated=len(isolated))
         self.window_index += 1
 
     # ------------------------------------------------------------------ dispatch and polling
