@@ -133,3 +133,23 @@ def test_an_isolated_dominant_group_lets_the_rollout_reach_the_solo_bound(seed):
                              trainer=trainer, work_stealing=True)
     assert iso.above["time/rollout"] < 1.0  # percent above R_LB
     assert free.metrics["time/rollout"] > 1.02 * iso.metrics["time/rollout"]
+
+
+def test_isolation_takes_at_most_one_dominant_group_per_instance():
+    """Twelve long outliers over 8 instances: the 8 with the longest solo time are isolated, one per instance;
+    the other four are placed as ordinary groups (stacking them would leave no instance free to steal)."""
+    rng = np.random.default_rng(3)
+    G, n, m = 400, 8, 8
+    L = np.clip(np.rint(rng.lognormal(np.log(13), 0.7, (G, n))), 1, 2000)
+    outliers = np.arange(20, 32)
+    L[outliers, :] = np.linspace(1800, 1200, len(outliers))[:, None]
+    est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
+                         has_history=np.ones(G, bool), estimator="oracle", samples=L)
+    p = PlanningProblem(prompts=PromptSet(prompt_ids=np.array([str(g) for g in range(G)], dtype=object),
+                                          prompt_lens=np.full(G, 300), n=n), estimate=est, instances=m,
+                        spec=InstanceSpec(slots=64), minibatch=16, cost=CostModel(), max_new_tokens=2000, seed=0)
+    gm = group_moments(p)
+    dom = dominant_groups(gm, p)
+    assert dom.tolist() == outliers[:m].tolist()
+    owner, _ = isolate_balance(gm, p)
+    assert len(set(owner[dom].tolist())) == m
