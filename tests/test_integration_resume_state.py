@@ -25,7 +25,7 @@ def result(gid: int, version: int) -> GroupResult:
 def snapshot() -> dict:
     return {"trained_gids": [0, 1, 2, 3], "ready": [(request(4), result(4, 1), 1)],
             "unfinished": [(request(5), 1), (request(6), 0)],
-            "counters": {"queue/trained": 4, "queue/received": 5, "policy/dispatched": 7}}
+            "counters": {"queue/trained": 4, "queue/received": 5, "policy/dispatched": 7}, "isolated": [6]}
 
 
 def test_state_round_trips_through_an_atomic_file_named_after_the_iteration(tmp_path):
@@ -45,6 +45,7 @@ def test_state_round_trips_through_an_atomic_file_named_after_the_iteration(tmp_
     assert ext["labels"].dtype == torch.int32 and ext["labels"].tolist() == [[3, 4]]
     assert [(q, j) for q, j, _ in rs.unfinished_groups(back)] == [(request(5), 1), (request(6), 0)]
     assert rs.unfinished_groups(back)[0][2]["labels"].tolist() == [7]
+    assert back["isolated"] == [6]
 
 
 def test_a_missing_or_foreign_state_is_refused_naming_the_file_and_key(tmp_path):
@@ -102,8 +103,10 @@ def test_driver_restores_a_snapshot_and_trains_the_kept_groups_at_their_versions
     snap = snapshot()
     snap["ready"].append((request(7), result(7, 2), 2))
     d = fresh_driver()
-    assert d.restore(2, snap["trained_gids"], snap["ready"], snap["unfinished"], snap["counters"]) == 2
+    assert d.restore(2, snap["trained_gids"], snap["ready"], snap["unfinished"], snap["counters"],
+                     snap["isolated"]) == 2
     again = d.snapshot()
+    assert again["isolated"] == [6]  # still isolated: its instance will not steal while it runs
     assert again["trained_gids"] == [0, 1, 2, 3]
     assert [(q, r, v) for q, r, v in again["ready"]] == snap["ready"]
     assert sorted((int(q.group_id), j) for q, j in again["unfinished"]) == [(5, 1), (6, 0)]  # on their queues

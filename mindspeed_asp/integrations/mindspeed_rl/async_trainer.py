@@ -307,7 +307,8 @@ class AsyncFit:
         self.next_gid = int(state["plan"]["next_gid"])
         self.windows_fed = int(state["plan"]["windows_fed"])
         ray.get(self.driver.restore.remote(self.version, state["trained_gids"], [(q, r, v) for q, r, v, _ in ready],
-                                           [(q, j) for q, j, _ in unfinished], state["counters"]))
+                                           [(q, j) for q, j, _ in unfinished], state["counters"],
+                                           state.get("isolated", [])))  # absent in states before isolation
 
     def skip_fed_windows(self, data_iters: Any, drawn: int) -> int:
         """Advance the loader past the windows the saved run had fed ahead of its updates (MindSpeed-RL's

@@ -98,6 +98,7 @@ def build_state(iteration: int, settings: Dict[str, Any], driver: Dict[str, Any]
                    "extra": ext(int(req.group_id))} for req, res, v in driver["ready"]],
         "unfinished": [{"request": request_to_json(req), "instance": int(j), "extra": ext(int(req.group_id))}
                        for req, j in driver["unfinished"]],
+        "isolated": [int(g) for g in driver.get("isolated", [])],  # unfinished gids the plan isolated
         "counters": dict(driver["counters"]),
     }
 

@@ -147,13 +147,16 @@ class RolloutDriver:
             counters.update(self.lag.counters())
             return {"trained_gids": list(self.trained_gids),
                     "ready": [(self.requests[gid], res, v) for gid, (res, v) in self.finished.items()],
-                    "unfinished": [(self.requests[gid], j) for gid, j in unfinished], "counters": counters}
+                    "unfinished": [(self.requests[gid], j) for gid, j in unfinished], "counters": counters,
+                    "isolated": sorted(gid for gid, _ in unfinished if gid in self.dispatcher.isolated)}
 
     def restore(self, version: int, trained_gids: Sequence[int], ready: Sequence[Tuple[GroupRequest, GroupResult, int]],
-                unfinished: Sequence[Tuple[GroupRequest, int]], counters: Dict[str, int]) -> int:
+                unfinished: Sequence[Tuple[GroupRequest, int]], counters: Dict[str, int],
+                isolated: Sequence[int] = ()) -> int:
         """Continue a saved run in this fresh driver: its version, its trained groups (counted by the lag
         policy as trained), its finished groups (queued for the trainer under their saved versions) and its
-        unfinished ones (loaded as a window, on the instance queues they had). Returns the groups queued."""
+        unfinished ones (loaded as a window, on the instance queues they had, the isolated among them still
+        isolated). Returns the groups queued."""
         with self.lock:
             if self.dispatcher.dispatched or self.requests:
                 raise RuntimeError("restore needs a fresh rollout driver")
@@ -179,7 +182,8 @@ class RolloutDriver:
             if unfinished:
                 for req, _ in unfinished:
                     self.requests[int(req.group_id)] = req
-                self.dispatcher.load_window([Ticket(int(r.group_id)) for r, _ in unfinished], queues)
+                self.dispatcher.load_window([Ticket(int(r.group_id)) for r, _ in unfinished], queues,
+                                            isolated=[int(g) for g in isolated])
             self._restore_counters(counters)
             self.lock.notify_all()
             return self.dispatcher.queued()
