@@ -1,12 +1,16 @@
 """The patch registry follows MindSpeed's rules: replace vs stacked wrappers, rebinding of imported copies,
 removal, dummies for new methods. Targets are real modules written to a temp dir and imported."""
+import functools
 import importlib
 import sys
 import textwrap
+import types
 
 import pytest
 
-from mindspeed_asp.integrations.mindspeed_rl.patch_registry import PatchRegistry, get_patch_manager, resolve_target
+from mindspeed_asp.errors import RunError
+from mindspeed_asp.integrations.mindspeed_rl.patch_registry import (
+    PatchRegistry, check_patches_live, current_value, get_patch_manager, resolve_target, reverted_targets)
 
 
 @pytest.fixture()
@@ -128,10 +132,86 @@ def test_missing_target_is_an_error_naming_it(pkg):
         resolve_target("no_such_pkg_xyz.mod.f")
 
 
-def test_patch_manager_falls_back_without_mindspeed():
+def test_patch_manager_is_asps_own_registry_even_where_mindspeed_imports(monkeypatch):
+    """MindSpeed's class-global table would let its repatch flow revert ASP's patches: never use it."""
+    ms = types.ModuleType("mindspeed")
+    pu = types.ModuleType("mindspeed.patch_utils")
+
+    class MindSpeedPatchesManager:  # what `from mindspeed.patch_utils import MindSpeedPatchesManager` finds
+        patches_info: dict = {}
+
+    pu.MindSpeedPatchesManager = MindSpeedPatchesManager
+    ms.patch_utils = pu
+    monkeypatch.setitem(sys.modules, "mindspeed", ms)
+    monkeypatch.setitem(sys.modules, "mindspeed.patch_utils", pu)
     mgr = get_patch_manager()
+    assert isinstance(mgr, PatchRegistry) and mgr is get_patch_manager()  # one registry per process
+
+
+@pytest.fixture()
+def prefix_pkgs(tmp_path, monkeypatch):
+    """`asp_pfx_rl.core` imports `asp_pfx`, which does not exist: a string prefix of the package's name."""
+    root = tmp_path / "asp_pfx_rl"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "core.py").write_text("import asp_pfx\n\ndef f():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for m in [k for k in sys.modules if k.startswith("asp_pfx")]:
+        del sys.modules[m]
+
+
+def test_a_missing_import_named_like_a_prefix_is_reported_as_missing(prefix_pkgs):
+    with pytest.raises(ModuleNotFoundError, match="asp_pfx'") as info:
+        resolve_target("asp_pfx_rl.core.f")
+    assert info.value.name == "asp_pfx" and "asp_pfx_rl.core.f" in str(info.value)
+    with pytest.raises(ModuleNotFoundError, match="asp_pfx"):  # applying says so too (not AttributeError)
+        _apply_one("asp_pfx_rl.core.f")
+    with pytest.raises(ModuleNotFoundError, match="no module for patch target"):  # a missing top-level package
+        resolve_target("asp_pfx_missing.mod.f")
+
+
+def _apply_one(target):
+    reg = PatchRegistry()
+    reg.register_patch(target, lambda: 2)
+    reg.apply_patches()
+
+
+def test_liveness_names_every_reverted_target_and_accepts_stacked_wrappers(pkg):
+    core, _ = pkg
+    reg = PatchRegistry()
+
+    def rows_wrapper(fn):
+        def rows(self, k):
+            return fn(self, k)[::-1]
+        return rows
+
+    reg.register_patch("asp_patch_target.core.double", lambda x: 3 * x)
+    reg.register_patch("asp_patch_target.core.Worker.rows", rows_wrapper)
+    stock_rows = core.Worker.rows
+    reg.apply_patches()
+    installed = {t: current_value(t) for t in reg.patches_info}
     try:
-        import mindspeed.patch_utils  # noqa: F401
-        pytest.skip("MindSpeed installed: its manager is used")
-    except ImportError:
-        assert isinstance(mgr, PatchRegistry)
+        assert check_patches_live(installed, "test") == 2
+        # Another manager stacks its own wrappers on top (a closure; functools.wraps): still live.
+        mine = core.double
+
+        def feature(*a):
+            return mine(*a)
+        core.double = feature
+        core.Worker.rows = functools.wraps(core.Worker.rows)(lambda self, k: installed["asp_patch_target.core.Worker.rows"](self, k))
+        assert reverted_targets(installed) == {}
+        # A repatch puts the stock method back, and a module attribute is replaced by something else.
+        core.Worker.rows = stock_rows
+        core.double = lambda x: 2 * x
+        with pytest.raises(RunError) as info:
+            check_patches_live(installed, "initialize_megatron")
+        msg = str(info.value)
+        assert "2 of 2 patches were reverted after initialize_megatron" in msg
+        assert "asp_patch_target.core.Worker.rows now holds asp_patch_target.core.Worker.rows" in msg
+        assert "asp_patch_target.core.double now holds" in msg
+        del core.Worker.rows  # the class lost the method: reported, not skipped
+        assert "asp_patch_target.core.Worker.rows" in reverted_targets(installed)
+    finally:
+        core.Worker.rows = stock_rows
+        reg.remove_patches()

@@ -87,6 +87,16 @@ def npu_is_identity(monkeypatch):
     loss_patch.clear_settings_cache()
 
 
+ACTIVE = loss_patch.LossSettings(True, "decoupled", 2.0, "token")
+
+
+@pytest.fixture()
+def active(monkeypatch):
+    """ASP's asynchronous pool is active (mode asp/async, max_lag >= 1, decoupled): the patches act."""
+    monkeypatch.setattr(loss_patch, "asp_settings", lambda: ACTIVE)
+    return ACTIVE
+
+
 def make_loss(msrl, kl=0.05):
     fn = msrl.GRPOActorLossFunc()
     fn.add_loss_meta_info({"clip_ratio": 0.2, "kl_ctrl": types.SimpleNamespace(value=kl), "entropy_coeff": 0.0,
@@ -159,7 +169,7 @@ def test_stock_batch_is_bit_identical(msrl):
     assert msrl.GRPOActorLossFunc.compute_loss is orig_fn
 
 
-def test_behaviour_equal_to_old_gives_the_original_loss(msrl):
+def test_behaviour_equal_to_old_gives_the_original_loss(msrl, active):
     batch, logits, mask = make_batch(1)
     fn = make_loss(msrl)
     ref_loss, ref_stats, ref_grad = run_loss(fn, batch, logits)
@@ -182,7 +192,7 @@ def test_behaviour_equal_to_old_gives_the_original_loss(msrl):
     assert stats["asp/behav_unreported_frac"] == 0.0  # the pad ids sit outside the response mask
 
 
-def test_stale_behaviour_is_weighted_and_capped(msrl):
+def test_stale_behaviour_is_weighted_and_capped(msrl, active):
     batch, logits, mask = make_batch(2)
     fn = make_loss(msrl, kl=0.0)
     ref_loss, _, ref_grad = run_loss(fn, batch, logits)
@@ -222,7 +232,7 @@ def test_stale_behaviour_is_weighted_and_capped(msrl):
         reg.remove_patches()
 
 
-def test_gradients_reach_the_logits_of_response_tokens_only(msrl):
+def test_gradients_reach_the_logits_of_response_tokens_only(msrl, active):
     batch, logits, mask = make_batch(3)
     fn = make_loss(msrl)
     reg = patched(LOSS_ONLY)
@@ -263,7 +273,7 @@ def test_wrappers_keep_the_vendored_signatures(msrl_src):
         assert mine == _vendored_signature(Path(msrl_src), target), target
 
 
-def test_dispatch_adds_the_columns_for_actor_train_only_when_the_pool_is_active(monkeypatch):
+def _recording_dispatch():
     calls = []
 
     def orig(self, stage, columns, count, tp_size=1, cp_size=1, cp_algo=None, use_vllm=False, indexes=None,
@@ -271,21 +281,84 @@ def test_dispatch_adds_the_columns_for_actor_train_only_when_the_pool_is_active(
         calls.append((stage, columns, count, tp_size, cp_size, cp_algo, use_vllm, indexes, get_n_samples,
                       enable_partial_rollout, is_generate))
         return {}, []
+    return orig, calls
 
+
+def _update_requests(msrl_src):
+    """The column lists ActorHybridWorkerBase.update asks for at the pinned commit (GRPO, DAPO, each with and
+    without old_log_prob), read from its source: the lists ASP must extend."""
+    fn = _find_method(Path(msrl_src), "mindspeed_rl.workers.actor_hybrid_worker.ActorHybridWorkerBase.update")
+    lists = [ast.literal_eval(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "experience_columns" for t in n.targets)
+             and isinstance(n.value, ast.List)]
+    assert len(lists) == 2, lists  # ray_dapo and the rest
+    text = ast.unparse(fn)
+    assert "experience_consumer_stage = 'actor_train'" in text and "experience_columns.remove('old_log_prob')" in text
+    return lists + [[c for c in cols if c != "old_log_prob"] for cols in lists]
+
+
+def _find_method(src: Path, dotted: str):
+    parts = dotted.split(".")
+    node = ast.parse(src.joinpath(*parts[:-2]).with_suffix(".py").read_text())
+    cls = next(n for n in node.body if isinstance(n, ast.ClassDef) and n.name == parts[-2])
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == parts[-1])
+
+
+def test_dispatch_adds_the_columns_to_the_update_request_only(monkeypatch, msrl_src):
+    """Per call: the actor update's own request gains ASP's two columns; every other `actor_train` dispatch
+    (the peer's unit test asks for none and pins the broadcast count) and every other stage is untouched."""
+    orig, calls = _recording_dispatch()
     wrapped = loss_patch.dispatch_transfer_dock_data_wrapper(orig)
     assert wrapped.__wrapped__ is orig
-    cols = ["responses", "advantages", "old_log_prob"]
-    on = loss_patch.LossSettings(True, "decoupled", 2.0, "token")
-    monkeypatch.setattr(loss_patch, "asp_settings", lambda: on)
-    wrapped(None, "actor_train", cols, 8, 2, 1, None, indexes=[1, 2], get_n_samples=False)
-    assert calls[-1] == ("actor_train", cols + [ROLLOUT_LOG_PROB, POLICY_VERSION], 8, 2, 1, None, False, [1, 2],
-                         False, False, False)
-    assert cols == ["responses", "advantages", "old_log_prob"]  # the caller's list is not mutated
-    wrapped(None, "actor_log_prob", cols, 8)
-    assert calls[-1][1] is cols
-    monkeypatch.setattr(loss_patch, "asp_settings", lambda: on._replace(active=False))
-    wrapped(None, "actor_train", cols, 8)
-    assert calls[-1][1] is cols
+    monkeypatch.setattr(loss_patch, "asp_settings", lambda: ACTIVE)
+    for cols in _update_requests(msrl_src):
+        asked = list(cols)
+        wrapped(None, "actor_train", asked, 8, 2, 1, None, indexes=[1, 2], get_n_samples=False)
+        assert calls[-1] == ("actor_train", cols + [ROLLOUT_LOG_PROB, POLICY_VERSION], 8, 2, 1, None, False,
+                             [1, 2], False, False, False), cols
+        assert asked == cols  # the caller's list is not mutated
+    for stage, cols in (("actor_train", []), ("actor_train", ["input_ids"]), ("actor_train", ["responses"]),
+                        ("actor_log_prob", ["responses", "advantages", "input_ids"]),
+                        ("actor_rollout", ["prompts", "prompt_length"])):
+        wrapped(None, stage, cols, 8)
+        assert calls[-1][0] == stage and calls[-1][1] is cols, (stage, cols)
+    update = _update_requests(msrl_src)[0]
+    monkeypatch.setattr(loss_patch, "asp_settings", lambda: ACTIVE._replace(active=False))
+    wrapped(None, "actor_train", update, 8)
+    assert calls[-1][1] is update
+
+
+@pytest.mark.parametrize("mode", ["no config", "stock", "asp max_lag 0", "objective standard"])
+def test_inactive_settings_give_the_stock_loss_even_with_the_column(msrl, monkeypatch, tmp_path, mode):
+    """Without an active pool the wrapper is stock bit for bit, also for a micro-batch that carries
+    `rollout_log_prob` (the patched DataStrategy gives the dock that column in every mode)."""
+    import yaml
+
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import CONFIG_ENV
+    if mode != "no config":
+        data = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "qwen25_7b_A3_asp.yaml").read_text())
+        data["asp"].update({"stock": {"mode": "stock"}, "asp max_lag 0": {"mode": "asp", "max_lag": 0},
+                            "objective standard": {"mode": "asp", "max_lag": 1, "objective": "standard"}}[mode])
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(data))
+        monkeypatch.setenv(CONFIG_ENV, str(path))
+    loss_patch.clear_settings_cache()
+    try:
+        assert not loss_patch.asp_settings().active
+    except Exception as exc:  # noqa: BLE001 - a schema without `objective` refuses it, naming it
+        assert mode == "objective standard" and "objective" in str(exc)
+        return
+    batch, logits, _ = make_batch(5)
+    fn = make_loss(msrl)
+    stale = dict(batch, **{ROLLOUT_LOG_PROB: batch["old_log_prob"] - 1.5})
+    ref_loss, ref_stats, ref_grad = run_loss(fn, stale, logits)  # unpatched: the column is ignored
+    reg = patched(LOSS_ONLY)
+    try:
+        loss, stats, grad = run_loss(fn, stale, logits)
+    finally:
+        reg.remove_patches()
+    assert torch.equal(loss, ref_loss) and torch.equal(grad, ref_grad) and stats == ref_stats
+    assert not any(k.startswith("asp/") for k in stats)
 
 
 def test_settings_come_from_the_runs_asp_section(monkeypatch, tmp_path, msrl):

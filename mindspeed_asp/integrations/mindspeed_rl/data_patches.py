@@ -5,9 +5,11 @@ MindSpeed-RL decides which vLLM instance generates which prompt at two points: t
 pulls, which with `rl_config.guarantee_order: true` come from `BaseWorker.get_dp_range_indexes(use_vllm=True)`.
 These patches make both follow the dispatch plan:
 
-1. `PromptDataLoader.__iter__` yields each iteration's batch in plan order (instance 0's queue, then
-   instance 1's, ...), with the dataset index of every prompt carried as column `asp_prompt_id`, and
-   publishes the iteration's layout to a named Ray actor (`PlanCursor`) that every worker can read.
+1. `PromptDataLoader.__iter__` of the trainer's loader yields each iteration's batch in plan order
+   (instance 0's queue, then instance 1's, ...), with the dataset index of every prompt carried as column
+   `asp_prompt_id`, and publishes the iteration's layout to a named Ray actor (`PlanCursor`) that every
+   worker can read. Only the trainer's loader (see `follows_plan`): any other PromptDataLoader in the
+   process (an evaluation loader, a unit test) iterates as stock does.
 2. `DataStrategy.build_grpo` adds ASP's columns to the TransferDock; `put_prompts_experience` stores the
    prompt ids in their rows (the layout itself is MindSpeed-RL's).
 3. `BaseWorker.get_dp_range_indexes(use_vllm=True)` returns instance j's planned rows, in plan order, cut
@@ -323,13 +325,86 @@ def get_dp_range_indexes_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]
     return get_dp_range_indexes
 
 
+#: Attribute MindSpeed-RL's dataset builder (patched) sets on the train split it returns.
+TRAINING_SPLIT_ATTR = "asp_training_split"
+
+
+def mark_training_split(dataset: Any) -> Any:
+    """Mark `dataset` as the run's training split (what the trainer's PromptDataLoader iterates)."""
+    if dataset is not None:
+        setattr(dataset, TRAINING_SPLIT_ATTR, True)
+    return dataset
+
+
+def is_training_split(dataset: Any) -> bool:
+    return bool(getattr(dataset, TRAINING_SPLIT_ATTR, False))
+
+
+def build_train_valid_test_datasets_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark the train split MindSpeed-RL's train tasks build (cli/train_grpo.py, train_dapo.py, train_ppo.py:
+    `train_ds, _, _ = build_train_valid_test_datasets(...)`), so the plan applies to the trainer's loader only."""
+    def build_train_valid_test_datasets(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        if isinstance(out, tuple) and out:
+            mark_training_split(out[0])
+        return out
+    build_train_valid_test_datasets.__wrapped__ = orig  # type: ignore[attr-defined]
+    return build_train_valid_test_datasets
+
+
+def plan_covers_dataset(plan: Any, dataset: Any, n: int) -> bool:
+    """True when `plan` was built for exactly this dataset (ids and prompt lengths), in whatever draw order.
+
+    The plan's rows list the prompts in the order they were exported (the loader's draw order), so the
+    dataset read in that order must give the plan's fingerprint."""
+    import numpy as np
+    if int(plan.num_groups) != len(dataset):
+        return False
+    ids = plan.cols["prompt_id"][np.argsort(plan.cols["row"], kind="stable")]
+    if not all(str(p).isdigit() for p in ids):
+        return False
+    order = [int(p) for p in ids]
+    if sorted(order) != list(range(len(dataset))):
+        return False
+    return prompt_set_from_dataset(dataset, n, order=order).fingerprint() == plan.fingerprint
+
+
+def follows_plan(loader: Any, topo: Any) -> bool:
+    """Whether `iter(loader)` is the trainer's loader in mode asp, i.e. must yield the plan's batches.
+
+    Yes for a loader over the run's training split (marked by the patched `build_train_valid_test_datasets`,
+    as MindSpeed-RL's train task builds it): for it a missing or mismatched plan is an error. Yes also for any
+    loader over exactly the dataset the plan was built for (its ids and lengths); a wrong seed or shuffling
+    then fails the plan's order check, naming the cause. Every other loader (an evaluation split, a test's
+    own dataset, no plan file) iterates as stock.
+    """
+    if topo is None or topo.asp.mode != "asp":
+        return False
+    if is_training_split(loader.dataset):
+        return True
+    path = topo.asp.plan_path
+    if not path or not os.path.isfile(path):
+        return False
+    from mindspeed_asp.scheduler.plan import DispatchPlan
+    return plan_covers_dataset(DispatchPlan.load(path), loader.dataset, topo.n)
+
+
 def prompt_loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """`iter(PromptDataLoader)` yields plan-ordered batches when the run's `asp:` section asks for them."""
+    """`iter(PromptDataLoader)` yields plan-ordered batches for the trainer's loader when the run's `asp:`
+    section asks for them (`follows_plan`); any other loader iterates as stock."""
     def __iter__(self):
         from mindspeed_asp.integrations.mindspeed_rl.config_section import topology_from_env
         topo = topology_from_env()
-        if topo is None or topo.asp.mode != "asp":
+        if not follows_plan(self, topo):
             return orig(self)
+        if not topo.asp.plan_path:
+            raise ConfigError("mode asp: the training loader follows a dispatch plan, but no plan is configured; "
+                              "build one with `asp plan` and set asp.plan_path", key="asp.plan_path")
+        if not os.path.isfile(topo.asp.plan_path):
+            from mindspeed_asp.errors import InputError
+            raise InputError("plan file not found: mode asp's training loader follows the dispatch plan; build it "
+                             "with `asp plan` (shell/msrl_common.sh does on node 0) before training",
+                             path=str(topo.asp.plan_path), key="asp.plan_path")
         order = loader_order(self)  # stock's draw order: the plan's windows are slices of it
         plan = open_plan(topo.asp.plan_path, topo.instances,
                          prompt_set_from_dataset(self.dataset, topo.n, order=order))
@@ -453,6 +528,7 @@ def reward_trainer_init_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
 # tests/contract/test_patch_targets.py.
 DATA_PATCHES = [
     ("mindspeed_rl.trainer.utils.transfer_dock.put_prompts_experience", put_prompts_experience_wrapper),
+    ("mindspeed_rl.datasets.build_dataset.build_train_valid_test_datasets", build_train_valid_test_datasets_wrapper),
     ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__iter__", prompt_loader_iter_wrapper),
     ("mindspeed_rl.datasets.dataloader.PromptDataLoader.__init__", loader_init_wrapper),
 ]

@@ -6,12 +6,14 @@ ASP's separate rollout pool a sample may come from weights one or two versions o
 uncorrected. Two patches fix that, with the same function the reference trainer uses
 (`mindspeed_asp.runtime.grpo.decoupled_policy_loss`; the formula exists once):
 
-1. `BaseWorker.dispatch_transfer_dock_data`: the `actor_train` stage also fetches ASP's columns
-   `rollout_log_prob` (behaviour log-probs, written by the asynchronous trainer) and `policy_version`.
-2. `GRPOActorLossFunc.compute_loss`: when the micro-batch holds `rollout_log_prob`, each token's loss is
-   w * max(-A r, -A clip(r)) with r against `old_log_prob` and w = min(pi_old / pi_rollout, iw_cap); KL and
-   entropy terms, the aggregation and the stats are MindSpeed-RL's. Without the column (stock mode, the
-   synchronous colocated plan) or with `forward_only`, the original runs unchanged.
+1. `BaseWorker.dispatch_transfer_dock_data`: the actor update's own request (stage `actor_train`, asking
+   for the update's columns) also fetches ASP's columns `rollout_log_prob` (behaviour log-probs, written by
+   the asynchronous trainer) and `policy_version`; every other dispatch is MindSpeed-RL's, unchanged.
+2. `GRPOActorLossFunc.compute_loss`: while ASP's pool is active, when the micro-batch holds
+   `rollout_log_prob`, each token's loss is w * max(-A r, -A clip(r)) with r against `old_log_prob` and
+   w = min(pi_old / pi_rollout, iw_cap); KL and entropy terms, the aggregation and the stats are
+   MindSpeed-RL's. Otherwise (no ASP config, stock mode, the synchronous colocated plan, `objective:
+   standard`), without the column, or with `forward_only`, the original runs unchanged, bit for bit.
 
 `objective` / `iw_cap` / `iw_mode` come from the run's `asp:` section (defaults decoupled / 2.0 / token;
 `objective: standard` leaves both targets stock). The per-lag stats need the
@@ -78,12 +80,33 @@ def clear_settings_cache() -> None:
 
 
 # ---------------------------------------------------------------------------- target 1: the columns
+#: Columns only the actor update asks for (ActorHybridWorkerBase.update: GRPO and DAPO, with or without
+#: old_log_prob); a dispatch asking for all of them is the update's own request.
+UPDATE_REQUEST_COLUMNS = ("responses", "advantages")
+
+
+def is_update_request(stage: str, columns: Any) -> bool:
+    """True for the actor update's own dispatch: stage `actor_train` asking for the update's columns."""
+    return stage == "actor_train" and all(c in columns for c in UPDATE_REQUEST_COLUMNS)
+
+
 def dispatch_transfer_dock_data_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """The actor update also fetches the behaviour log-probs and policy versions when ASP's pool is active."""
+    """The actor update also fetches the behaviour log-probs and policy versions when ASP's pool is active.
+
+    Scope: only the update's own request (`is_update_request`), never another `actor_train` dispatch.
+    Decision, from `broadcast_data_hccl` (base_worker.py): every rank of a TP/CP/PP group loops over its *own*
+    `experience_columns` (shape, dtype, length and ndim broadcasts, then the data), so adding columns is
+    consistent for TP > 1 when every rank of the group runs this wrapper with the same config. They do: the
+    hook and `ASP_MSRL_CONFIG` reach every Megatron worker through the runtime env. For the update call the
+    extra collectives are therefore no contract break, only more of them. Adding them to *every*
+    `actor_train` dispatch was one: a caller that asked for other columns (the peer's unit test pins
+    `broadcast.call_count == 3` for `experience_columns=[]`; any other consumer of the stage) got a different
+    collective sequence and would wait in the dock for columns that only ASP's asynchronous trainer writes.
+    """
     def dispatch_transfer_dock_data(self, experience_consumer_stage, experience_columns, experience_count,
                                     tp_size=1, cp_size=1, cp_algo=None, use_vllm=False, indexes=None,
                                     get_n_samples=True, enable_partial_rollout=False, is_generate=False):
-        if experience_consumer_stage == "actor_train" and asp_settings().active:
+        if is_update_request(experience_consumer_stage, experience_columns) and asp_settings().active:
             experience_columns = list(experience_columns) + [
                 c for c in ASP_TRAIN_COLUMNS if c not in experience_columns]
         return orig(self, experience_consumer_stage, experience_columns, experience_count, tp_size, cp_size,
@@ -184,10 +207,15 @@ def decoupled_compute_loss(self: Any, output: Any, batch: Dict[str, Any], **kwar
 
 
 def compute_loss_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """The decoupled objective for micro-batches that carry behaviour log-probs; the original otherwise (and
-    under `asp.objective: standard`)."""
+    """The decoupled objective while ASP's pool is active, for micro-batches that carry behaviour log-probs;
+    the original otherwise.
+
+    Gated on `asp_settings().active` and not on the column alone: the patched DataStrategy builders give the
+    TransferDock a `rollout_log_prob` column in every mode, so without a config, in stock mode or under
+    `objective: standard` a batch that carries it must still get the stock loss, bit for bit.
+    """
     def compute_loss(self, output, batch, forward_only=False, non_loss_data=True, **kwargs):
-        if forward_only or batch.get(ROLLOUT_LOG_PROB) is None or asp_settings().objective == "standard":
+        if forward_only or batch.get(ROLLOUT_LOG_PROB) is None or not asp_settings().active:
             return orig(self, output, batch, forward_only=forward_only, non_loss_data=non_loss_data, **kwargs)
         return decoupled_compute_loss(self, output, batch, **kwargs)
     compute_loss.__wrapped__ = orig  # type: ignore[attr-defined]

@@ -6,16 +6,24 @@ registration order); any other function replaces it (a second replacement raises
 Applying also rebinds every `from x import f` copy already imported (any module attribute that *is* the
 original object), and `remove_patches()` undoes all of it.
 
-When `mindspeed` is importable (it is copied into MindSpeed-RL's root on Ascend nodes), `get_patch_manager()`
-returns `mindspeed.patch_utils.MindSpeedPatchesManager` itself, so ASP's patches live in the same table as
-MindSpeed's features; otherwise the `PatchRegistry` below, which follows the same rules.
+ASP's patches always live in this registry (`get_patch_manager()`), never in MindSpeed's
+`MindSpeedPatchesManager`, even where `mindspeed` is importable. MindSpeed's table is class-global, and its
+`remove_patches()` followed by `apply_patches()` (its repatch flow) puts back every patched attribute's
+original: ASP's patches would silently revert to stock `compute_loss` and dispatch. Kept apart, they still
+compose with MindSpeed's own: a MindSpeed patch registered later on the same target takes the attribute's
+current value (ASP's wrapper) as its original, so it stacks on top, and MindSpeed's repatch restores ASP's
+wrapper, not stock. `check_patches_live` verifies, in a running process, that every target still holds (or
+still calls through) the object ASP installed.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+from mindspeed_asp.errors import RunError
 
 _WRAPPER_SUFFIXES = ("wrapper", "decorator")
 
@@ -28,6 +36,11 @@ def _missing(name: str) -> Callable[..., Any]:
     def dummy_function(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"function {name} does not exist (installed by register_patch with new_func=None)")
     return dummy_function
+
+
+def _is_module_prefix(missing: str, name: str) -> bool:
+    """True when module `missing` is `name` itself or one of its parent packages (dotted boundaries)."""
+    return name == missing or name.startswith(missing + ".")
 
 
 def resolve_target(path: str, create_dummy: bool = False) -> Tuple[Any, str, Any]:
@@ -48,8 +61,11 @@ def resolve_target(path: str, create_dummy: bool = False) -> Tuple[Any, str, Any
             module = importlib.import_module(name)
             break
         except ModuleNotFoundError as exc:
-            if exc.name is not None and not name.startswith(exc.name) and exc.name != name:
-                raise  # the module exists but one of its own imports is missing: say so, do not hide it
+            if exc.name is not None and not _is_module_prefix(exc.name, name):
+                # `name` exists but one of its own imports is missing: say so, do not hide it behind a later
+                # "has no attribute" (a string prefix such as `mindspeed` of `mindspeed_rl` is no parent)
+                raise ModuleNotFoundError(f"patch target {path!r}: importing {name} failed: no module named "
+                                          f"{exc.name!r}", name=exc.name) from exc
             i -= 1
     if module is None:
         if not create_dummy:
@@ -188,15 +204,80 @@ class PatchRegistry:
         return p is not None and p.applied is not None
 
 
-_FALLBACK = PatchRegistry()
+_REGISTRY = PatchRegistry()
 
 
-def get_patch_manager(prefer_mindspeed: bool = True) -> Any:
-    """MindSpeed's `MindSpeedPatchesManager` when importable (cheap: stdlib imports only), else ours."""
-    if prefer_mindspeed:
+def get_patch_manager() -> PatchRegistry:
+    """This process's ASP registry (one per process; never MindSpeed's class-global table, see the module doc)."""
+    return _REGISTRY
+
+
+# ---------------------------------------------------------------------------- liveness
+_MISSING = object()
+
+
+def current_value(target: str) -> Any:
+    """What `target` holds now, re-resolved from `sys.modules` (a class's own `__dict__` entry, so a method
+    deleted from the class, or a class redefined by a reload, does not read as the patched one)."""
+    owner, attr, value = resolve_target(target)
+    if isinstance(owner, type):
+        return owner.__dict__.get(attr, _MISSING)
+    return value
+
+
+def _inner(obj: Any) -> Iterable[Any]:
+    """Objects a callable delegates to: `__func__`, `__wrapped__` and callables in its closure."""
+    for name in ("__func__", "__wrapped__"):
+        inner = getattr(obj, name, None) if not isinstance(obj, type) else None
+        if inner is not None:
+            yield inner
+    for cell in getattr(obj, "__closure__", None) or ():
         try:
-            from mindspeed.patch_utils import MindSpeedPatchesManager  # type: ignore
-            return MindSpeedPatchesManager
-        except ImportError:
-            pass
-    return _FALLBACK
+            value = cell.cell_contents
+        except ValueError:  # empty cell
+            continue
+        if callable(value):
+            yield value
+
+
+def still_holds(current: Any, installed: Any, depth: int = 8) -> bool:
+    """`current` is the object ASP installed, or a wrapper that reaches it (MindSpeed stacked on top)."""
+    if current is installed:
+        return True
+    if depth <= 0 or current is _MISSING:
+        return False
+    return any(still_holds(nxt, installed, depth - 1) for nxt in _inner(current))
+
+
+def reverted_targets(installed: Mapping[str, Any]) -> Dict[str, str]:
+    """target -> what it holds instead, for every target that no longer holds what ASP installed."""
+    out: Dict[str, str] = {}
+    for target, obj in installed.items():
+        try:
+            now = current_value(target)
+        except (ImportError, AttributeError) as exc:
+            out[target] = f"unresolvable ({exc})"
+            continue
+        if not still_holds(now, obj):
+            out[target] = "nothing" if now is _MISSING else _describe(now)
+    return out
+
+
+def _describe(obj: Any) -> str:
+    fn = getattr(obj, "__func__", obj)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def check_patches_live(installed: Mapping[str, Any], after: str) -> int:
+    """Refuse to go on when anything reverted ASP's patches; return how many are live.
+
+    Why: a revert is silent (MindSpeed's repatch flow, a reload): the update would run stock code without the
+    importance correction and nothing would say so.
+    """
+    bad = reverted_targets(installed)
+    if bad:
+        detail = "; ".join(f"{t} now holds {what}" for t, what in sorted(bad.items()))
+        raise RunError(f"mindspeed-asp: {len(bad)} of {len(installed)} patches were reverted after {after} "
+                       f"(pid {os.getpid()}): {detail}. Something in this process re-patched them (e.g. "
+                       "MindSpeed's remove_patches() + apply_patches()); refusing to train with stock code")
+    return len(installed)
