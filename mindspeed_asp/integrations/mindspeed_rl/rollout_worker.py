@@ -48,6 +48,49 @@ def bind_npu() -> int:
     return local
 
 
+# GenerateConfig keys stock `_build_rollout` passes to VLLMInferEngine and the pool forwards as they are, with
+# GenerateConfig's defaults at 05a90d7 (used only when a key is absent from the dict).
+FORWARDED_KEYS: Dict[str, Any] = {
+    "infer_tensor_parallel_size": 8, "infer_expert_parallel_size": 1, "enable_prefix_caching": False,
+    "num_scheduler_steps": 1, "max_num_seqs": 1, "max_model_len": 2048, "max_num_batched_tokens": 2048,
+    "dtype": "bfloat16", "trust_remote_code": False, "enforce_eager": True, "torchair_graph": False,
+    "ascend_scheduler_config_enabled": True, "enable_expert_parallel": False, "expert_map_path": None,
+    "eplb_token_collects": False, "eplb_token_save_path": "./", "limit_mm_image_per_prompt": 1,
+    "limit_mm_video_per_prompt": 0,
+}
+# Keywords of stock's call that the pool sets on purpose, and why (a contract test holds this list and
+# FORWARDED_KEYS together equal to `_build_rollout`'s keyword set).
+POOL_SET_KEYS: Dict[str, str] = {
+    "tokenizer_name_or_path": "the actor's megatron_training.tokenizer_name_or_path, as stock",
+    "train_tensor_parallel_size": "None: a rollout instance holds no Megatron parallel state",
+    "train_pipeline_parallel_size": "None: a rollout instance holds no Megatron parallel state",
+    "train_expert_parallel_size": "None: a rollout instance holds no Megatron parallel state",
+    "train_context_parallel_size": "None: a rollout instance holds no Megatron parallel state",
+    "infer_pipeline_parallel_size": "1: vLLM pipeline parallelism is refused by the config check",
+    "megatron_config": "not passed: VLLMInferEngine takes it into **kwargs and never reads it",
+    "sampling_config": "generate_config.sampling_config without num_completions: the pool sends one request "
+                       "per sample (SamplingParams n=1, built per request)",
+    "gpu_memory_utilization": "asp.rollout_memory_utilization: a dedicated rollout device holds only the engine",
+}
+
+
+def engine_kwargs(generate_config: Dict[str, Any], tokenizer_name_or_path: str,
+                  memory_utilization: float) -> Dict[str, Any]:
+    """VLLMInferEngine's keywords for one rollout instance: every key stock forwards, as stock forwards it,
+    except POOL_SET_KEYS. Why every key: a dropped one silently takes the engine's default, e.g.
+    `ascend_scheduler_config_enabled: false` of the 32B-A3 config, without which vllm-ascend refuses
+    max_num_batched_tokens < max_model_len at start-up."""
+    g = generate_config
+    kwargs = {k: g.get(k, default) for k, default in FORWARDED_KEYS.items()}
+    kwargs.update(
+        tokenizer_name_or_path=tokenizer_name_or_path,
+        train_tensor_parallel_size=None, train_pipeline_parallel_size=None, train_expert_parallel_size=None,
+        train_context_parallel_size=None, infer_pipeline_parallel_size=1,
+        sampling_config=dict(g.get("sampling_config") or {}), gpu_memory_utilization=float(memory_utilization),
+        load_format="megatron")
+    return kwargs
+
+
 def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_path: str,
                           memory_utilization: float = 0.9) -> Any:
     """MindSpeed-RL's VLLMInferEngine without Megatron parallel state (train sizes None), megatron load format.
@@ -59,23 +102,7 @@ def ascend_engine_factory(generate_config: Dict[str, Any], tokenizer_name_or_pat
     """
     bind_npu()
     from mindspeed_rl.models.rollout.vllm_engine import VLLMInferEngine  # NPU nodes only
-    g = generate_config
-    return VLLMInferEngine(
-        tokenizer_name_or_path=tokenizer_name_or_path,
-        train_tensor_parallel_size=None, train_pipeline_parallel_size=None, train_expert_parallel_size=None,
-        train_context_parallel_size=None,
-        infer_tensor_parallel_size=int(g.get("infer_tensor_parallel_size", 1)),
-        infer_pipeline_parallel_size=1,
-        infer_expert_parallel_size=int(g.get("infer_expert_parallel_size", 1)),
-        sampling_config=dict(g.get("sampling_config", {})),
-        enable_prefix_caching=bool(g.get("enable_prefix_caching", False)),
-        max_num_seqs=int(g.get("max_num_seqs", 256)), max_model_len=int(g.get("max_model_len", 4096)),
-        max_num_batched_tokens=int(g.get("max_num_batched_tokens", 8192)), dtype=g.get("dtype", "bfloat16"),
-        gpu_memory_utilization=float(memory_utilization),
-        trust_remote_code=bool(g.get("trust_remote_code", True)), load_format="megatron",
-        enforce_eager=bool(g.get("enforce_eager", False)), torchair_graph=bool(g.get("torchair_graph", False)),
-        enable_expert_parallel=bool(g.get("enable_expert_parallel", False)),
-    )
+    return VLLMInferEngine(**engine_kwargs(generate_config, tokenizer_name_or_path, memory_utilization))
 
 
 def vllm_engine_factory(model_path: str, **engine_kwargs: Any) -> Any:
