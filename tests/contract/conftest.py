@@ -37,3 +37,18 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def msrl_src() -> Path:
     return _SRC
+
+
+@pytest.fixture()
+def patched(monkeypatch):
+    """`apply(config_path)`: ASP's data patches in a fresh registry under that config, removed after the test."""
+    from mindspeed_asp.integrations.mindspeed_rl.patch_registry import PatchRegistry
+    from mindspeed_asp.integrations.mindspeed_rl.setup_hook import register, selected_patches
+    registry = PatchRegistry()
+
+    def apply(config_path):
+        monkeypatch.setenv("ASP_MSRL_CONFIG", config_path)
+        register(registry, selected_patches(["data"]))
+        registry.apply_patches()
+    yield apply
+    registry.remove_patches()

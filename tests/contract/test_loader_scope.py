@@ -80,20 +80,6 @@ def _plan(tmp_path, train_ds):
     return tmp_path / "plan.parquet"
 
 
-@pytest.fixture()
-def patched(monkeypatch):
-    from mindspeed_asp.integrations.mindspeed_rl.patch_registry import PatchRegistry
-    from mindspeed_asp.integrations.mindspeed_rl.setup_hook import register, selected_patches
-    registry = PatchRegistry()
-
-    def apply(config_path):
-        monkeypatch.setenv("ASP_MSRL_CONFIG", config_path)
-        register(registry, selected_patches(["data"]))
-        registry.apply_patches()
-    yield apply
-    registry.remove_patches()
-
-
 def test_only_the_training_split_follows_the_plan(msrl, patched, tmp_path):
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import PlanOrderedBatches, is_training_split
     train, valid, _ = msrl.build()

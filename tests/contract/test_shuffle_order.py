@@ -58,20 +58,6 @@ def _plan_and_config(tmp_path, dataset, no_shuffle):
     return str(tmp_path / "run.yaml")
 
 
-@pytest.fixture()
-def patched(monkeypatch):
-    from mindspeed_asp.integrations.mindspeed_rl.patch_registry import PatchRegistry
-    from mindspeed_asp.integrations.mindspeed_rl.setup_hook import register, selected_patches
-    registry = PatchRegistry()
-
-    def apply(config_path):
-        monkeypatch.setenv("ASP_MSRL_CONFIG", config_path)
-        register(registry, selected_patches(["data"]))
-        registry.apply_patches()
-    yield apply
-    registry.remove_patches()
-
-
 @pytest.mark.parametrize("no_shuffle", [False, True])
 def test_iteration_i_plans_stocks_batch_i(msrl, patched, tmp_path, no_shuffle):
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import PlanOrderedBatches
