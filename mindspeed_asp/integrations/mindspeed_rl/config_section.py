@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Callable, Dict, Literal, Optional, Tuple
 
 from pydantic import Field
 
@@ -48,7 +48,6 @@ class MsrlAspSection(AspSection):
     sync_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one weight sync, and of the wait for "
                                   "the engines' step calls before it; past it the run stops with an error naming "
                                   "the instance (and rank) that did not answer")
-
 
 LOSS_KEYS = tuple(k for k in MsrlAspSection.model_fields if k not in AspSection.model_fields)
 
@@ -238,6 +237,94 @@ def _refuse_moe_in_separate_pool(t: MsrlTopology, data: Dict[str, Any]) -> None:
         raise ConfigError(f"MoE model {model!r}: " + why, path=path, key="model.num_experts")
 
 
+def _separate_pool_why(t: MsrlTopology) -> str:
+    return f"the separate rollout pool (asp.mode {t.asp.mode!r}, asp.max_lag {t.asp.max_lag})"
+
+
+_KEEP_MSRL = "use asp.mode: asp with asp.max_lag: 0, or asp.mode: stock (both keep MindSpeed-RL's own engines)"
+
+# generate_config.sampling_config keys that change the distribution tokens are drawn from, with the value that
+# leaves it unchanged and how a value is neutral. An absent key is neutral: GenerateConfig replaces its
+# sampling_config defaults by the YAML's mapping as a whole, and the pool's SamplingParams default to these.
+# The penalties are not in GenerateConfig's sampling_config at 05a90d7 (it refuses them); they are listed so a
+# later MindSpeed-RL that admits them is checked the same way.
+NEUTRAL_SAMPLING: Dict[str, Tuple[float, str, Callable[[float], bool]]] = {
+    "temperature": (1.0, "== 1", lambda v: v == 1.0),
+    "top_p": (1.0, "== 1", lambda v: v >= 1.0),
+    "top_k": (-1, "-1 or 0", lambda v: v in (-1, 0)),
+    "min_p": (0.0, "0", lambda v: v <= 0.0),
+    "repetition_penalty": (1.0, "1", lambda v: v == 1.0),
+    "presence_penalty": (0.0, "0", lambda v: v == 0.0),
+    "frequency_penalty": (0.0, "0", lambda v: v == 0.0),
+}
+
+
+def _refuse_biased_behaviour_logprobs(t: MsrlTopology, data: Dict[str, Any]) -> None:
+    """Non-neutral sampling in the separate pool: vllm-ascend 1b16c01's AscendSampler reports raw log-probs
+    (before temperature, top-k/top-p, min-p, penalties; it ignores logprobs_mode and MindSpeed-RL's engine
+    passes none), while Megatron's recompute of the proximal log-probs divides the logits by the temperature.
+    The behaviour log-probs (rollout_log_prob, the importance-weight denominator) would then describe
+    another distribution than the one the tokens were drawn from and the one they are compared with, and
+    every lag >= 1 weight would be biased. Neutral settings make raw == processed."""
+    if not t.separate_pool:
+        return
+    base = "generate_config.sampling_config"
+    sampling = resolve_env(_get(data, base, t.path, {}) or {}, t.path, base)
+    if not isinstance(sampling, dict):
+        raise ConfigError("expected a mapping", path=t.path, key=base)
+    for name, (neutral, wanted, is_neutral) in NEUTRAL_SAMPLING.items():
+        if name not in sampling:
+            continue
+        key, raw = f"{base}.{name}", sampling[name]
+        try:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"expected a number, got {raw!r}", path=t.path, key=key) from None
+        if not is_neutral(value):
+            raise ConfigError(
+                f"{name} {raw!r} is not neutral ({wanted}): {_separate_pool_why(t)} keeps vllm-ascend's "
+                "log-probs as the behaviour policy, and vllm-ascend 1b16c01 reports raw log-probs (before "
+                "temperature, top-k/top-p, min-p and penalties) while Megatron's recompute is "
+                "temperature-scaled, so every importance weight would be biased. Set it to "
+                f"{neutral!r}, or {_KEEP_MSRL}", path=t.path, key=key)
+
+
+def _refuse_prefix_caching_in_separate_pool(t: MsrlTopology, data: Dict[str, Any]) -> None:
+    """vLLM V1's `reset_prefix_cache()` after a weight sync does nothing while any request is in flight,
+    which in the asynchronous pool is always: new requests would reuse prompt KV computed under older
+    weights, so their policy_version (admission version) would understate the true lag."""
+    if not t.separate_pool:
+        return
+    key = "generate_config.enable_prefix_caching"
+    if bool(_get(data, key, t.path, False)):
+        raise ConfigError(
+            f"prefix caching with {_separate_pool_why(t)}: vLLM V1's reset_prefix_cache() after a weight sync is "
+            "a no-op while requests are in flight (always, in this pool), so new requests would reuse prompt KV "
+            "computed by older weights and the measured lag would understate the true one. Set it to false, "
+            f"or {_KEEP_MSRL}", path=t.path, key=key)
+
+
+# MindSpeed-RL's data_strategy aliases for the TransferQueue (trainer/utils/data_strategy.py at 05a90d7)
+TRANSFER_QUEUE_NAMES = ("tq", "transfer_queue", "queue")
+
+
+def _refuse_transfer_queue_in_separate_pool(t: MsrlTopology, data: Dict[str, Any]) -> None:
+    """TransferQueue registers a fixed column list per consumer (DataStrategy.build_grpo/build_dapo); ASP's
+    added columns (rollout_log_prob, policy_version, asp_prompt_id) reach only TransferDock's consumers, so
+    the asynchronous update would not get the behaviour log-probs and versions it needs."""
+    if not t.separate_pool:
+        return
+    key = "rl_config.data_strategy"
+    value = _get(data, key, t.path, None)
+    if value is not None and str(value).strip().lower() in TRANSFER_QUEUE_NAMES:
+        raise ConfigError(
+            f"data_strategy {value!r} (TransferQueue) with {_separate_pool_why(t)}: TransferQueue's per-consumer "
+            "column registry does not carry ASP's rollout_log_prob/policy_version columns to the actor update. "
+            f"Use data_strategy: td (TransferDock, the default), or {_KEEP_MSRL}", path=t.path, key=key)
+
+
 def _check_equal_calls(t: MsrlTopology, data: Dict[str, Any]) -> None:
     """With vLLM data parallelism the plan's per-engine group counts are evened out (data_patches.
     balance_queues), which needs a batch that splits evenly and chunks that split each share."""
@@ -269,6 +356,9 @@ def _check(t: MsrlTopology, data: Dict[str, Any]) -> None:
     if t.asp.mode == "stock":
         return
     _refuse_moe_in_separate_pool(t, data)
+    _refuse_biased_behaviour_logprobs(t, data)
+    _refuse_prefix_caching_in_separate_pool(t, data)
+    _refuse_transfer_queue_in_separate_pool(t, data)
     if t.asp.minibatch_groups != t.gbs:
         raise ConfigError(f"the trainer consumes one MindSpeed-RL batch of global_batch_size={t.gbs} groups per "
                           f"update; set asp.minibatch_groups to {t.gbs}", path=path, key="asp.minibatch_groups")

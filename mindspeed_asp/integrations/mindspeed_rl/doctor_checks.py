@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from mindspeed_asp.integrations.mindspeed_rl.pins import (
-    MINDSPEED_RL_SHORT, OVERRIDE_ENV, STACK, PinMismatchError, check_mindspeed_rl_commit, mindspeed_rl_root)
+    MINDSPEED_RL_SHORT, OVERRIDE_ENV, STACK, VLLM_ASCEND_COMMIT, VLLM_ASCEND_COMMIT_ENV, CommitProbe,
+    PinMismatchError, check_mindspeed_rl_commit, installed_vllm_ascend_commit, is_pinned_commit, mindspeed_rl_root)
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 TARGETS = ("cpu", "gpu", "npu")
@@ -133,7 +134,28 @@ def check_vllm_ascend(target: str) -> Check:
     if target == "npu" and not hccl:
         return Check("vllm-ascend", FAIL, f"{v}, no PyHcclCommunicator",
                      "ASP's weight sync needs vllm_ascend.distributed.device_communicators.pyhccl")
-    return Check("vllm-ascend", OK, f"{v}" + (", PyHcclCommunicator present" if hccl else ""))
+    found = f"{v}" + (", PyHcclCommunicator present" if hccl else "")
+    return _vllm_ascend_commit_check(target, found, installed_vllm_ascend_commit())
+
+
+_PIN_FIX = (f"install vllm-ascend v0.11.0-dev at {VLLM_ASCEND_COMMIT[:10]} (not the branch tip `git clone -b "
+            f"v0.11.0-dev` gives): git checkout {STACK['vllm_ascend'].commit}, then "
+            "COMPILE_CUSTOM_KERNELS=1 python setup.py install")
+
+
+def _vllm_ascend_commit_check(target: str, found: str, probe: CommitProbe) -> Check:
+    """The installed vllm-ascend against the pin: the sampler, model runner and worker ASP relies on changed
+    after 1b16c01 on the same branch, under the same version string. A different commit fails on an NPU
+    target (warns elsewhere: vllm-ascend is not used there); an unreadable one warns, naming what was read."""
+    pinned = VLLM_ASCEND_COMMIT[:10]
+    if probe.commit is None:
+        return Check("vllm-ascend", WARN, f"{found}; commit unknown (checked: {', '.join(probe.checked)})",
+                     f"cannot confirm the pinned commit {pinned}: install from a clone checked out at it, or "
+                     f"state the commit with {VLLM_ASCEND_COMMIT_ENV}=<sha>")
+    if is_pinned_commit(probe.commit, VLLM_ASCEND_COMMIT):
+        return Check("vllm-ascend", OK, f"{found} @ {probe.commit[:10]} ({probe.source})")
+    return Check("vllm-ascend", FAIL if target == "npu" else WARN,
+                 f"{found} @ {probe.commit[:10]} ({probe.source}), but the pinned commit is {pinned}", _PIN_FIX)
 
 
 def check_mindspeed_rl(target: str) -> Check:

@@ -12,13 +12,19 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from mindspeed_asp.errors import AspError
 
 MINDSPEED_RL_COMMIT = "05a90d77cb6cfad8999e2aee21068284db959579"  # master, 2026-04-22
 MINDSPEED_RL_SHORT = MINDSPEED_RL_COMMIT[:7]
+# vllm-ascend v0.11.0-dev @ 1b16c01 (2025-10-25), the install guide's pin. The guide's `git clone -b v0.11.0-dev`
+# gives the branch tip instead (b30408353a, 108 commits later, touching sample/sampler.py, model_runner_v1.py
+# and worker_v1.py), so `asp doctor` reads the installed commit rather than trusting the version string.
+VLLM_ASCEND_COMMIT = "1b16c01afd26f5f8f17d2e5e603622ed503d119c"
+VLLM_ASCEND_COMMIT_ENV = "ASP_VLLM_ASCEND_COMMIT"  # states the commit of a copy nothing else identifies
 OVERRIDE_ENV = "ASP_ALLOW_UNPINNED_MINDSPEED_RL"
 
 
@@ -161,3 +167,112 @@ def check_mindspeed_rl_commit(src: Optional[str] = None, allow_other: Optional[b
         f"MindSpeed-RL at {root} is at commit {found}, but mindspeed-asp patches are written against "
         f"{MINDSPEED_RL_SHORT}: `git -C {root} checkout {MINDSPEED_RL_SHORT}`, or set {OVERRIDE_ENV}=1 to "
         "run anyway at your own risk")
+
+
+@dataclass(frozen=True)
+class CommitProbe:
+    """What was found about an installed package's commit: the commit (None when nothing says), where it was
+    read, and every place that was looked at (for the message when none answered)."""
+
+    commit: Optional[str]
+    source: str
+    checked: Tuple[str, ...]
+
+
+_SCM_VERSION = re.compile(r"\+(?:.*\.)?g([0-9a-f]{7,40})(?:\.|$)")  # setuptools_scm: 0.11.0rc1.dev161+g1b16c01af
+_SCM_COMMIT_ID = re.compile(r"""commit_id\s*=\s*['"]g?([0-9a-f]{7,40})['"]""")
+
+
+def _package_dir(name: str) -> Optional[Path]:
+    """Where `name` would import from, without running its `__init__` (find_spec of a top-level name)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def _distribution(names: Tuple[str, ...]) -> Optional[metadata.Distribution]:
+    for n in names:
+        try:
+            return metadata.distribution(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+_SOURCE_NAME = re.compile(r"""name\s*=\s*['"]vllm[-_]ascend['"]""")
+
+
+def _is_vllm_ascend_source(root: Path) -> bool:
+    """`root` is vllm-ascend's own source tree (its setup.py or pyproject.toml names the project)."""
+    for name in ("setup.py", "pyproject.toml"):
+        f = root / name
+        if f.is_file() and _SOURCE_NAME.search(f.read_text(errors="replace")):
+            return True
+    return False
+
+
+def _scm_commit(version: str) -> Optional[str]:
+    m = _SCM_VERSION.search(version or "")
+    return m.group(1) if m else None
+
+
+def installed_vllm_ascend_commit(package_dir: Optional[Path] = None,
+                                 dist: Optional[metadata.Distribution] = None) -> CommitProbe:
+    """The commit of the vllm_ascend in use, read without importing it or running git's network side.
+
+    In order: a git checkout the package runs from (its own directory's or its parent's `.git`: `setup.py
+    develop`, `pip install -e`); pip's `direct_url.json` in the dist-info (`vcs_info.commit_id`: `pip install
+    git+...`); setuptools_scm's `+g<sha>` local version in the metadata or the `commit_id`/`version` written to
+    `vllm_ascend/_version.py` at build time (`python setup.py install` from a clone, the install guide's way);
+    env ASP_VLLM_ASCEND_COMMIT last. Defaults: the importable `vllm_ascend` and its installed metadata.
+    """
+    checked: List[str] = []
+    pkg = package_dir if package_dir is not None else _package_dir("vllm_ascend")
+    dist = dist if dist is not None else _distribution(("vllm_ascend", "vllm-ascend"))
+    if pkg is not None:
+        for root in (pkg, pkg.parent):
+            if root == pkg.parent and not _is_vllm_ascend_source(root):
+                continue  # e.g. a copy inside another project's checkout: that repository's HEAD says nothing
+            checked.append(f"{root}/.git")
+            head = _read_git_head(root)
+            if head and _SHA.match(head):
+                return CommitProbe(head.lower(), f"git checkout {root}", tuple(checked))
+    if dist is not None:
+        checked.append("direct_url.json of the vllm-ascend dist-info")
+        try:
+            import json
+            info = json.loads(dist.read_text("direct_url.json") or "{}")
+        except (OSError, ValueError):
+            info = {}
+        commit = str((info.get("vcs_info") or {}).get("commit_id") or "") if isinstance(info, dict) else ""
+        if _SHA.match(commit):
+            return CommitProbe(commit.lower(), "pip direct_url.json vcs_info.commit_id", tuple(checked))
+        version = dist.version or ""
+        checked.append(f"the installed version {version!r} (+g<sha>)")
+        commit = _scm_commit(version) or ""
+        if commit:
+            return CommitProbe(commit, f"version {version}", tuple(checked))
+    if pkg is not None:
+        f = pkg / "_version.py"
+        checked.append(str(f))
+        if f.is_file():
+            text = f.read_text(errors="replace")
+            m = _SCM_COMMIT_ID.search(text)
+            commit = m.group(1) if m else _scm_commit(" ".join(re.findall(r"""['"]([^'"]*\+[^'"]*)['"]""", text)))
+            if commit:
+                return CommitProbe(commit, str(f), tuple(checked))
+    checked.append(f"env {VLLM_ASCEND_COMMIT_ENV}")
+    stated = os.environ.get(VLLM_ASCEND_COMMIT_ENV, "").strip()
+    if _SHA.match(stated):
+        return CommitProbe(stated.lower(), f"env {VLLM_ASCEND_COMMIT_ENV}", tuple(checked))
+    return CommitProbe(None, "", tuple(checked))
+
+
+def is_pinned_commit(found: str, pinned: str) -> bool:
+    """`found` names `pinned`: one is a prefix of the other, with at least 7 hex digits."""
+    a, b = found.lower(), pinned.lower()
+    return len(a) >= 7 and (b.startswith(a) or a.startswith(b))
