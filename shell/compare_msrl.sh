@@ -63,16 +63,15 @@ fi
 RAY_PORT=$((base_port + 1))
 RAY_PID=""
 if [ "$NODE_RANK" = "0" ]; then
-  asp_build_plan
   asp_start_ray "$NPUS_PER_NODE"
+  asp_build_plan
   asp_wait_nodes "$NNODES"
-  asp_train "$entry" "megatron_training.seed=$ASP_SEED"
+  asp_train "$entry"
   dry_run && exit 0
   cp "$RUN_DIR/train.log" "$compare_dir/asp.log"
   asp_stop_own_ray
   "$PY" -m mindspeed_asp.cli compare "$compare_dir/stock.log" "$compare_dir/asp.log" \
       --json "$compare_dir/compare.json"
 else
-  dry_run || sleep 30  # let node 0 start the phase-2 head
   asp_start_ray "$NPUS_PER_NODE"; dry_run || wait "$RAY_PID" || true
 fi

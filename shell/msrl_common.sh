@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Shared launch logic for ASP runs inside MindSpeed-RL on Ascend (sourced by shell/<config>.sh).
 #
-# Run the same script on every node, from anywhere:
-#   MINDSPEED_RL_ROOT=/path/to/MindSpeed-RL MASTER_ADDR=<head ip> NODE_RANK=<0..NNODES-1> bash shell/<config>.sh
-# Node 0 builds the dispatch plan (`asp plan`), starts the Ray head and runs training; the others join.
+# Run the same script, with the same arguments, on every node, from anywhere:
+#   MINDSPEED_RL_ROOT=/path/to/MindSpeed-RL MASTER_ADDR=<head ip> NODE_RANK=<0..NNODES-1> \
+#     bash shell/<config>.sh [hydra overrides, e.g. rl_config.n_samples_per_prompt=16 asp.max_lag=2]
+# Every node first composes configs/<config>.yaml with the overrides (Hydra's compose API) into
+# RUN_DIR/config/<config>.yaml, the one file MindSpeed-RL and every ASP process then read. Node 0 starts the
+# Ray head, builds the dispatch plan (`asp plan`) while the others join, and runs training; the other nodes
+# join the head, retrying until ASP_JOIN_TIMEOUT.
 # Unlike MindSpeed-RL's examples this never runs `pkill -9 python` or `ray stop`: it stops only the Ray
 # processes it started itself (their `ray start --block` parent), so other users' jobs are left alone.
 #
@@ -20,6 +24,7 @@
 #     runtime_env.yaml does not override them, Ray workers inherit them from `ray start`)
 #   HCCL_CONNECT_TIMEOUT [1800]  HCCL_EXEC_TIMEOUT [3600]  HCCL_BUFFSIZE [256]
 #   ASCEND_TOOLKIT_HOME [/usr/local/Ascend/ascend-toolkit/latest]  ASP_MODE_OVERRIDE (stock runs: see compare)
+#   ASP_JOIN_TIMEOUT [1800]  seconds a node keeps trying to join the head (node 0 waits as long for them)
 #   ASP_DRY_RUN=1  validate and prepare, then print the plan, `ray start` and training commands (with the
 #     network environment) instead of running them
 #
@@ -38,11 +43,15 @@ show_cmd() { printf '[asp dry-run]'; printf ' %q' "$@"; printf '\n'; }
 
 asp_env() {
   # The environment MindSpeed-RL's examples set, without their process killing.
-  local toolkit="${ASCEND_TOOLKIT_HOME:-/usr/local/Ascend/ascend-toolkit/latest}"
-  if [ -f "$toolkit/../set_env.sh" ] && [ -z "${ASCEND_HOME_PATH:-}" ]; then
+  local toolkit="${ASCEND_TOOLKIT_HOME:-/usr/local/Ascend/ascend-toolkit/latest}" cann_env=""
+  # CANN <= 8.3: ascend-toolkit/set_env.sh; CANN 8.5 (MindSpeed-RL's install guide): /usr/local/Ascend/cann
+  for f in "$toolkit/../set_env.sh" /usr/local/Ascend/ascend-toolkit/set_env.sh /usr/local/Ascend/cann/set_env.sh; do
+    if [ -f "$f" ]; then cann_env="$f"; break; fi
+  done
+  if [ -n "$cann_env" ] && [ -z "${ASCEND_HOME_PATH:-}" ]; then
     set +u
-    # shellcheck disable=SC1091
-    source "$toolkit/../set_env.sh"
+    # shellcheck disable=SC1090
+    source "$cann_env"
     set -u
   fi
   if [ -f /usr/local/Ascend/nnal/atb/set_env.sh ] && [ -z "${ATB_HOME_PATH:-}" ]; then
@@ -61,16 +70,18 @@ asp_env() {
   export LCAL_COMM_ID="${LCAL_COMM_ID:-127.0.0.1:27001}"  # per node; not overridden by runtime_env.yaml
   export CUDA_DEVICE_MAX_CONNECTIONS=1
   export HYDRA_FULL_ERROR=1
+  # dozens of actors, each with TCPStores and HCCL sockets (stock's examples raise it to 32768)
+  ulimit -n "$(ulimit -Hn)" 2>/dev/null || log "could not raise the open-file limit (ulimit -n $(ulimit -n))"
   local jemalloc
   jemalloc="$(find /usr/lib /usr/local/lib -maxdepth 2 -name libjemalloc.so.2 2>/dev/null | head -n 1 || true)"
   if [ -n "$jemalloc" ]; then export LD_PRELOAD="${jemalloc}${LD_PRELOAD:+:$LD_PRELOAD}"; fi
 }
 
 asp_prepare() {
-  # $1 = config name (file in configs/ without .yaml)
-  CONFIG="$1"
-  CONFIG_FILE="$asp_root/configs/$CONFIG.yaml"
-  [ -f "$CONFIG_FILE" ] || die "no config $CONFIG_FILE"
+  # $1 = config name (file in configs/ without .yaml); the rest: the launch line's Hydra overrides
+  CONFIG="$1"; shift
+  local source_file="$asp_root/configs/$CONFIG.yaml"
+  [ -f "$source_file" ] || die "no config $source_file"
   [ -n "${MINDSPEED_RL_ROOT:-}" ] || die "set MINDSPEED_RL_ROOT to the MindSpeed-RL checkout (05a90d7)"
   [ -d "$MINDSPEED_RL_ROOT/mindspeed_rl" ] || die "$MINDSPEED_RL_ROOT is not a MindSpeed-RL checkout"
   NODE_RANK="${NODE_RANK:-0}"
@@ -78,6 +89,19 @@ asp_prepare() {
   RAY_PORT="${RAY_PORT:-6766}"
   RUN_DIR="$(mkdir -p "${RUN_DIR:-$asp_root/runs/${CONFIG%_asp}}" && cd "${RUN_DIR:-$asp_root/runs/${CONFIG%_asp}}" && pwd)"
   export MINDSPEED_RL_SRC="$MINDSPEED_RL_ROOT"
+  # Ray runs the worker setup hook before it puts the driver's paths on sys.path: every node's `ray start`
+  # must already see MindSpeed-RL (the hook also prepends MINDSPEED_RL_SRC itself)
+  export PYTHONPATH="$MINDSPEED_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  # The overrides (and TRAIN_ITERS) composed into one file: MindSpeed-RL and ASP read the same values
+  local composed overrides=()
+  if [ -n "${TRAIN_ITERS:-}" ]; then overrides+=("megatron_training.train_iters=$TRAIN_ITERS"); fi
+  overrides+=("$@")
+  composed="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.launch_config "$source_file" "$RUN_DIR/config" \
+              --msrl-root "$MINDSPEED_RL_ROOT" -- "${overrides[@]}")" || exit 2
+  eval "$composed"  # ASP_COMPOSED_CONFIG, ASP_HYDRA_ARGS
+  CONFIG_FILE="$ASP_COMPOSED_CONFIG"
+  CONFIG_DIR="$(dirname "$CONFIG_FILE")"
+  [ "${#overrides[@]}" -eq 0 ] || log "composed $CONFIG with ${overrides[*]} into $CONFIG_FILE"
   export ASP_MSRL_CONFIG="$CONFIG_FILE"
   export ASP_PLAN="${ASP_PLAN:-$RUN_DIR/plan.parquet}"
   ASP_RUNTIME_ENV="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.setup_hook)"
@@ -86,7 +110,7 @@ asp_prepare() {
   local vars
   vars="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.config_section "$CONFIG_FILE")" || exit 2
   eval "$vars"
-  TRAIN_ITERS="${TRAIN_ITERS:-$ASP_TRAIN_ITERS}"
+  TRAIN_ITERS="$ASP_TRAIN_ITERS"  # the composed file's (TRAIN_ITERS, when set, was composed into it)
   # Refuse another MindSpeed-RL commit unless ASP_ALLOW_UNPINNED_MINDSPEED_RL=1.
   "$PY" -c "
 import sys
@@ -167,22 +191,30 @@ asp_stop_own_ray() {
   fi
 }
 
+asp_ray_cli() {
+  # The `ray` CLI of $PY's environment (the Ray the job imports), never another one found first on PATH.
+  printf '%s\n' "$PY" -m ray.scripts.scripts
+}
+
 asp_start_ray() {
-  # $1 = NPUs on this node. `ray start --block` stays in the foreground of a background job; killing it
-  # shuts down exactly the Ray processes it started. Ray workers inherit this shell's environment.
+  # $1 = NPUs on this node. `ray start --block` runs in a background job of its own; killing it shuts down
+  # exactly the Ray processes it started. Ray workers inherit this shell's environment. Returns once the
+  # node is up (its log says "Ray runtime started"); worker nodes wait for the head first and retry a
+  # failed join until ASP_JOIN_TIMEOUT. The node's log: RUN_DIR/ray_node<NODE_RANK>.log.
   local npus="$1"
   asp_network
   trap asp_stop_own_ray EXIT INT TERM
-  local cmd
+  local cmd ray_cli
+  mapfile -t ray_cli < <(asp_ray_cli)
   if [ "$NODE_RANK" = "0" ]; then
     if ! dry_run && "$PY" -c "import ray,sys; ray.init(address='$MASTER_ADDR:$RAY_PORT', logging_level='ERROR'); sys.exit(0)" >/dev/null 2>&1; then
       die "a Ray cluster already listens on $MASTER_ADDR:$RAY_PORT (someone else's?); pick another RAY_PORT"
     fi
-    cmd=(ray start --head --port "$RAY_PORT" --node-ip-address "$NODE_IP" --resources="{\"NPU\": $npus}"
-         --include-dashboard=false --block)
+    cmd=("${ray_cli[@]}" start --head --port "$RAY_PORT" --node-ip-address "$NODE_IP"
+         --resources="{\"NPU\": $npus}" --include-dashboard=false --block)
   else
-    cmd=(ray start --address="$MASTER_ADDR:$RAY_PORT" --node-ip-address "$NODE_IP" --resources="{\"NPU\": $npus}"
-         --block)
+    cmd=("${ray_cli[@]}" start --address="$MASTER_ADDR:$RAY_PORT" --node-ip-address "$NODE_IP"
+         --resources="{\"NPU\": $npus}" --block)
   fi
   export RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT"  # MindSpeed-RL's bare ray.init() joins this cluster, no other
   asp_show_env
@@ -191,47 +223,81 @@ asp_start_ray() {
     RAY_PID=""
     return 0
   fi
-  (cd "$MINDSPEED_RL_ROOT" && exec env -u RAY_ADDRESS "${cmd[@]}") &
-  RAY_PID=$!
+  [ "$NODE_RANK" = "0" ] || asp_wait_head
+  local node_log="$RUN_DIR/ray_node${NODE_RANK}.log" start=$SECONDS limit="${ASP_JOIN_TIMEOUT:-1800}" attempt=0
+  while :; do
+    attempt=$((attempt + 1))
+    (cd "$MINDSPEED_RL_ROOT" && exec env -u RAY_ADDRESS "${cmd[@]}") >"$node_log" 2>&1 &
+    RAY_PID=$!
+    while kill -0 "$RAY_PID" 2>/dev/null && ! grep -q "Ray runtime started" "$node_log"; do sleep 1; done
+    if kill -0 "$RAY_PID" 2>/dev/null; then
+      log "Ray node up ($([ "$NODE_RANK" = "0" ] && echo head || echo "joined $MASTER_ADDR:$RAY_PORT"), attempt $attempt, log $node_log)"
+      return 0
+    fi
+    wait "$RAY_PID" 2>/dev/null || true
+    RAY_PID=""
+    [ "$NODE_RANK" != "0" ] || die "ray start --head failed (log $node_log): $(tail -n 5 "$node_log" | tr '\n' ' ')"
+    [ $((SECONDS - start)) -lt "$limit" ] || die "could not join the Ray head $MASTER_ADDR:$RAY_PORT within ${limit} s (ASP_JOIN_TIMEOUT, $attempt attempts; log $node_log): $(tail -n 5 "$node_log" | tr '\n' ' ')"
+    log "joining $MASTER_ADDR:$RAY_PORT failed (attempt $attempt): $(tail -n 2 "$node_log" | tr '\n' ' '); retrying"
+    sleep 5
+    asp_wait_head
+  done
 }
 
 asp_wait_nodes() {
-  # $1 = expected node count
-  local want="$1" have=0 tries=0
+  # $1 = expected node count; bounded by ASP_JOIN_TIMEOUT, naming how many joined
+  local want="$1" have=0 start=$SECONDS limit="${ASP_JOIN_TIMEOUT:-1800}"
   dry_run && return 0
-  while [ "$have" -lt "$want" ]; do
-    sleep 5
-    tries=$((tries + 1))
-    [ "$tries" -le 360 ] || die "only $have of $want Ray nodes joined within 30 minutes"
+  while :; do
     have="$("$PY" -c "import ray; ray.init(address='$MASTER_ADDR:$RAY_PORT', logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" 2>/dev/null || echo 0)"
     log "Ray nodes alive: $have / $want"
+    [ "$have" -lt "$want" ] || return 0
+    [ $((SECONDS - start)) -lt "$limit" ] || die "only $have of $want Ray nodes joined $MASTER_ADDR:$RAY_PORT within ${limit} s (ASP_JOIN_TIMEOUT): start the script on every node, with NODE_RANK 1..$((want - 1))"
+    sleep 5
+  done
+}
+
+asp_wait_head() {
+  # Worker nodes: wait (bounded by ASP_JOIN_TIMEOUT) until the head's GCS port accepts connections, so a
+  # `ray start --address` is never spent against a head that is not up yet (node 0 may still be starting).
+  local start=$SECONDS limit="${ASP_JOIN_TIMEOUT:-1800}"
+  dry_run && return 0
+  until "$PY" -c "import socket,sys; socket.create_connection(('$MASTER_ADDR', $RAY_PORT), 3).close()" 2>/dev/null; do
+    [ $((SECONDS - start)) -lt "$limit" ] || die "the Ray head $MASTER_ADDR:$RAY_PORT did not come up within ${limit} s (ASP_JOIN_TIMEOUT): is node 0 running this script, and is MASTER_ADDR its address?"
+    sleep 2
   done
 }
 
 asp_train() {
-  # $1 = MindSpeed-RL entry script (cli/train_grpo.py or cli/train_dapo.py); extra args = Hydra overrides
+  # $1 = MindSpeed-RL entry script (cli/train_grpo.py or cli/train_dapo.py). The config overrides were
+  # composed into CONFIG_FILE by asp_prepare; only Hydra's own (hydra.*) stay on this line, and any other
+  # argument here is refused: it would reach MindSpeed-RL but not ASP.
   local entry="$1"; shift
+  local extra
+  for extra in "$@"; do
+    case "$extra" in hydra.*|hydra/*|+hydra.*|++hydra.*) ;; *) die "asp_train: config override $extra must go to asp_prepare (composed for MindSpeed-RL and ASP alike)" ;; esac
+  done
   [ -n "${RAY_ADDRESS:-}" ] || die "RAY_ADDRESS unset: start this script's Ray node first (asp_start_ray)"
-  local cmd=("$PY" "$entry" --config-path "$asp_root/configs" --config-name "$CONFIG"
-             "hydra.searchpath=[file://$MINDSPEED_RL_ROOT/configs]" "megatron_training.train_iters=$TRAIN_ITERS"
-             "hydra.run.dir=$RUN_DIR/hydra" "$@")
+  local cmd=("$PY" "$entry" --config-path "$CONFIG_DIR" --config-name "$CONFIG"
+             "hydra.searchpath=[file://$MINDSPEED_RL_ROOT/configs]" "hydra.run.dir=$RUN_DIR/hydra"
+             "${ASP_HYDRA_ARGS[@]}" "$@")
   log "training: $entry --config-name $CONFIG on Ray $RAY_ADDRESS (log: $RUN_DIR/train.log)"
   if dry_run; then show_cmd env "RAY_ADDRESS=$RAY_ADDRESS" "${cmd[@]}"; return 0; fi
   (cd "$MINDSPEED_RL_ROOT" && "${cmd[@]}") 2>&1 | tee "$RUN_DIR/train.log"
 }
 
 asp_launch() {
-  # asp_launch CONFIG NNODES NPUS_PER_NODE ENTRY [hydra overrides...]
+  # asp_launch CONFIG NNODES NPUS_PER_NODE ENTRY [hydra overrides...]: the same line on every node
   local config="$1" nnodes="$2" npus="$3" entry="$4"; shift 4
   NNODES="$nnodes"
-  asp_prepare "$config"
+  asp_prepare "$config" "$@"
   local need=$((nnodes * npus))
   [ "$ASP_TOTAL_NPUS" -le "$need" ] || die "$config needs $ASP_TOTAL_NPUS NPUs but $nnodes x $npus = $need are launched"
   if [ "$NODE_RANK" = "0" ]; then
+    asp_start_ray "$npus"  # first: the other nodes join while the prompts export and the plan builds
     asp_build_plan
-    asp_start_ray "$npus"
     asp_wait_nodes "$nnodes"
-    asp_train "$entry" "$@"
+    asp_train "$entry"
   else
     asp_start_ray "$npus"
     dry_run && return 0

@@ -13,6 +13,20 @@ SCRIPTS = ["msrl_common.sh", "compare_msrl.sh", "qwen25_7b_A3_asp.sh", "qwen25_3
            "qwen25_32b_A2_asp.sh", "qwen3_8b_A3_asp.sh", "qwen3_30b_a3b_dapo_A3_asp.sh"]
 
 
+def fake_msrl(tmp_path: Path) -> Path:
+    """A MindSpeed-RL root as the launcher needs it without NPUs: the package directory, and the model group
+    of configs/ that every ASP config's defaults list names (one empty file per model, for Hydra's compose)."""
+    import yaml
+    msrl = tmp_path / "MindSpeed-RL"
+    (msrl / "mindspeed_rl").mkdir(parents=True, exist_ok=True)
+    (msrl / "configs" / "model").mkdir(parents=True, exist_ok=True)
+    for cfg in (ROOT / "configs").glob("*_asp.yaml"):
+        for entry in yaml.safe_load(cfg.read_text()).get("defaults", []):
+            for name in (entry.get("model", []) if isinstance(entry, dict) else []):
+                (msrl / "configs" / "model" / f"{name}.yaml").write_text(f"{name}_marker: 1\n")
+    return msrl
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_bash_syntax(name):
     subprocess.run(["bash", "-n", str(SHELL / name)], check=True)
@@ -34,8 +48,7 @@ def test_never_kills_other_processes(name):
 
 @pytest.mark.parametrize("config", [s[:-3] for s in SCRIPTS if s.startswith("qwen")])
 def test_each_config_has_a_launch_script_and_prepares(config, tmp_path):
-    msrl = tmp_path / "MindSpeed-RL"
-    (msrl / "mindspeed_rl").mkdir(parents=True)
+    msrl = fake_msrl(tmp_path)
     env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
                ASP_PYTHON=str(Path(os.sys.executable)), ASP_MINDSPEED_RL_COMMIT="05a90d7",
                ASCEND_TOOLKIT_HOME=str(tmp_path / "no-toolkit"))
@@ -48,13 +61,12 @@ def test_each_config_has_a_launch_script_and_prepares(config, tmp_path):
     assert int(inst) >= 8 and int(total) >= 16
     assert plan == str(tmp_path / "run" / "plan.parquet")
     assert runtime_env.endswith("mindspeed_rl/runtime_env.yaml") and Path(runtime_env).is_file()
-    assert cfg == str(ROOT / "configs" / f"{config}.yaml")
+    assert cfg == str(tmp_path / "run" / "config" / f"{config}.yaml")  # composed: what MindSpeed-RL reads too
     assert nz == "0" and hccl == "1800"
 
 
 def test_prepare_refuses_an_unpinned_mindspeed_rl(tmp_path):
-    msrl = tmp_path / "MindSpeed-RL"
-    (msrl / "mindspeed_rl").mkdir(parents=True)
+    msrl = fake_msrl(tmp_path)
     env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
                ASP_PYTHON=str(Path(os.sys.executable)), ASP_MINDSPEED_RL_COMMIT="1218aab")
     env.pop("ASP_ALLOW_UNPINNED_MINDSPEED_RL", None)
@@ -75,8 +87,7 @@ def test_head_builds_the_plan_the_runtime_accepts(tmp_path):
     with open(tmp_path / "prompts.jsonl", "w") as fh:  # what export_prompts.py writes
         for i, item in enumerate(dataset):
             fh.write(json.dumps({"prompt_id": str(i), "prompt_len": len(item["input_ids"])}) + "\n")
-    msrl = tmp_path / "MindSpeed-RL"
-    (msrl / "mindspeed_rl").mkdir(parents=True)
+    msrl = fake_msrl(tmp_path)
     env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
                ASP_PYTHON=str(Path(os.sys.executable)), ASP_MINDSPEED_RL_COMMIT="05a90d7",
                ASP_PROMPTS=str(tmp_path / "prompts.jsonl"))
@@ -90,8 +101,7 @@ def test_head_builds_the_plan_the_runtime_accepts(tmp_path):
 
 
 def _dry_env(tmp_path, **extra):
-    msrl = tmp_path / "MindSpeed-RL"
-    (msrl / "mindspeed_rl").mkdir(parents=True, exist_ok=True)
+    msrl = fake_msrl(tmp_path)
     env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
                ASP_PYTHON=str(Path(os.sys.executable)), ASP_MINDSPEED_RL_COMMIT="05a90d7",
                ASCEND_TOOLKIT_HOME=str(tmp_path / "no-toolkit"), ASP_DRY_RUN="1")
@@ -115,7 +125,7 @@ def test_worker_node_joins_with_its_own_address_nic_and_cluster(tmp_path):
     env = _dry_env(tmp_path, NODE_RANK="1", MASTER_ADDR="10.0.0.1", RAY_PORT="6801", NODE_IP="10.0.0.2",
                    ASP_SOCKET_IFNAME="eth9", HCCL_IF_BASE_PORT="61000")
     lines, found = _dry_run("qwen25_32b_A3_asp.sh", env)
-    start = next(x for x in lines if "ray start" in x)
+    start = next(x for x in lines if "ray.scripts.scripts start" in x)
     assert "--address=10.0.0.1:6801" in start and "--node-ip-address 10.0.0.2" in start
     assert "-u RAY_ADDRESS" in start  # `ray start` itself never reads a stale RAY_ADDRESS
     assert found["NODE_IP"] == "10.0.0.2" and found["RAY_ADDRESS"] == "10.0.0.1:6801"
@@ -138,7 +148,7 @@ def test_head_exports_ray_address_for_msrls_ray_init(tmp_path):
     env = _dry_env(tmp_path, NODE_RANK="0", MASTER_ADDR="10.0.0.1", ASP_SOCKET_IFNAME="eth9",
                    ASP_PROMPTS=str(tmp_path / "prompts.jsonl"))
     lines, found = _dry_run("qwen25_32b_A3_asp.sh", env)
-    start = next(x for x in lines if "ray start" in x)
+    start = next(x for x in lines if "ray.scripts.scripts start" in x)
     assert "--head" in start and "--port 6766" in start and "--node-ip-address 10.0.0.1" in start
     train = next(x for x in lines if "cli/train_grpo.py" in x)
     assert "RAY_ADDRESS=10.0.0.1:6766" in train and found["RAY_ADDRESS"] == "10.0.0.1:6766"
@@ -174,7 +184,7 @@ def test_compare_dry_run_runs_stock_without_forced_port_and_same_shuffling(tmp_p
     env = _dry_env(tmp_path, NODE_RANK="0", MASTER_ADDR="10.0.0.1", ASP_SOCKET_IFNAME="eth9",
                    ASP_PROMPTS=str(tmp_path / "prompts.jsonl"))
     msrl = Path(env["MINDSPEED_RL_ROOT"])
-    (msrl / "configs" / "envs").mkdir(parents=True)
+    (msrl / "configs" / "envs").mkdir(parents=True, exist_ok=True)
     (msrl / "configs" / "envs" / "runtime_env.yaml").write_text(
         "env_vars:\n  HCCL_IF_BASE_PORT: '12345'\n  LCAL_COMM_ID: '127.0.0.1:27001'\n  VLLM_DP_SIZE: '1'\n")
     (tmp_path / "prompts.jsonl").write_text("")
@@ -187,3 +197,54 @@ def test_compare_dry_run_runs_stock_without_forced_port_and_same_shuffling(tmp_p
     import yaml
     stock_env = yaml.safe_load((tmp_path / "run" / "compare" / "stock_runtime_env.yaml").read_text())
     assert stock_env["env_vars"] == {"VLLM_DP_SIZE": "1"}
+
+
+def test_launch_line_overrides_are_composed_for_both_and_only_hydras_stay_on_the_line(tmp_path):
+    """`bash shell/<config>.sh rl_config.n_samples_per_prompt=4 asp.max_lag=2 hydra.job.name=x`: every ASP
+    step (plan, topology) sees the overrides, MindSpeed-RL trains from the same composed file, and only the
+    Hydra override is left on its command line (a config override there would reach MindSpeed-RL only)."""
+    import yaml
+    (tmp_path / "prompts.jsonl").write_text("")
+    env = _dry_env(tmp_path, NODE_RANK="0", MASTER_ADDR="127.0.0.1", ASP_PROMPTS=str(tmp_path / "prompts.jsonl"),
+                   TRAIN_ITERS="3")
+    out = subprocess.run(["bash", str(SHELL / "qwen3_8b_A3_asp.sh"), "rl_config.n_samples_per_prompt=4",
+                          "asp.max_lag=2", "hydra.job.name=x"], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stdout.splitlines() if x.startswith("[asp dry-run]")]
+    composed = tmp_path / "run" / "config" / "qwen3_8b_A3_asp.yaml"
+    data = yaml.safe_load(composed.read_text())
+    assert data["rl_config"]["n_samples_per_prompt"] == 4 and data["asp"]["max_lag"] == 2
+    assert data["megatron_training"]["train_iters"] == 3 and "qwen3_8b_marker" in str(data["model"])
+    plan = next(x for x in lines if "mindspeed_asp.cli plan" in x)
+    assert " --n 4 " in plan
+    train = next(x for x in lines if "cli/train_grpo.py" in x)
+    assert f"--config-path {composed.parent}" in train and "--config-name qwen3_8b_A3_asp" in train
+    assert "hydra.job.name=x" in train
+    assert "n_samples_per_prompt" not in train and "max_lag" not in train and "train_iters" not in train
+    # node 0 starts the head before the plan: the other nodes join while it is built
+    order = [i for i, x in enumerate(lines) if "ray.scripts.scripts start" in x or "mindspeed_asp.cli plan" in x]
+    assert "ray.scripts.scripts start" in lines[order[0]] and "cli plan" in lines[order[1]]
+
+
+def test_a_bad_override_fails_before_ray_starts_naming_the_key(tmp_path):
+    env = _dry_env(tmp_path, NODE_RANK="0", MASTER_ADDR="127.0.0.1")
+    out = subprocess.run(["bash", str(SHELL / "qwen3_8b_A3_asp.sh"), "rl_config.n_sample_per_prompt=4"], env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode != 0 and "rl_config.n_sample_per_prompt" in out.stderr
+    assert "ray.scripts.scripts start" not in out.stdout
+    out = subprocess.run(["bash", "-c", f"source {SHELL / 'msrl_common.sh'}; asp_prepare qwen3_8b_A3_asp; "
+                          "RAY_ADDRESS=x asp_train cli/train_grpo.py asp.max_lag=3"], env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode != 0 and "config override asp.max_lag=3 must go to asp_prepare" in out.stderr
+
+
+def test_ray_cli_is_the_jobs_own_python_not_the_first_on_path(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ray").write_text("#!/bin/sh\necho WRONG-RAY\nexit 1\n")
+    (bindir / "ray").chmod(0o755)
+    env = _dry_env(tmp_path, NODE_RANK="1", MASTER_ADDR="10.0.0.1", NODE_IP="10.0.0.2", ASP_SOCKET_IFNAME="eth9",
+                   PATH=f"{bindir}:{os.environ['PATH']}")
+    lines, _ = _dry_run("qwen25_32b_A3_asp.sh", env)
+    start = next(x for x in lines if "ray.scripts.scripts start" in x)
+    assert start.split("env -u RAY_ADDRESS ", 1)[1].startswith(f"{os.sys.executable} -m ray.scripts.scripts start")
