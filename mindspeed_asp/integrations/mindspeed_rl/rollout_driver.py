@@ -8,6 +8,14 @@ max-lag policy of `mindspeed_asp/policy.py`: admission counter and waiting rule)
 regeneration). This class only adds MindSpeed-RL's instance
 shape: several TP-rank actors per instance, called in lockstep, and what a checkpoint keeps of it
 (`snapshot` / `restore`, see resume_state.py).
+
+A dead instance ends the run, fast. The Dispatcher could re-dispatch its groups, but MindSpeed-RL's weight
+groups span every instance (one HCCL communicator per infer-TP rank, 1 + instances ranks) and cannot be
+formed again cheaply: the next sync's broadcast would wait for the missing rank until asp.sync_timeout_s, with
+the HCCL kernel blocking the Megatron rank's compute stream until HCCL_EXEC_TIMEOUT. So the first death (any
+TP rank's step call failing, or a rank not answering the liveness probe before a sync) is recorded, nothing
+more is issued, and the trainer's next call (`next_minibatch`, `pause`) raises a RunError naming the instance,
+its TP ranks and the cause, before any broadcast starts.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from mindspeed_asp.errors import RunError
 from mindspeed_asp.policy import LagPolicy, is_stale
 from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
 from mindspeed_asp.runtime.sample_queue import SampleQueue
@@ -26,13 +35,17 @@ class RolloutDriver:
 
     `max_lag`: a group admitted at version v is trained at a version <= v + max_lag (admission), and the
     queue audits every sample again when it is taken. `capacity`: groups in flight per instance.
+    `labels[j][r]` names TP rank r of instance j in errors (its Ray actor name); default "instance j tp-rank r".
     """
 
     def __init__(self, instances: Sequence[Sequence[Any]], policy: str, max_lag: int, minibatch_groups: int,
                  capacity: int, steps_per_call: int = 16, work_stealing: bool = True,
-                 stale_policy: str = "regenerate") -> None:
+                 stale_policy: str = "regenerate", labels: Optional[Sequence[Sequence[str]]] = None) -> None:
         import ray  # noqa: F401  (actor context)
         self.instances = [list(ranks) for ranks in instances]
+        self.labels = [list(names) for names in labels] if labels is not None else [
+            [f"instance {j} tp-rank {r}" for r in range(len(ranks))] for j, ranks in enumerate(self.instances)]
+        self.M = int(minibatch_groups)
         self.lag = LagPolicy(max_lag, minibatch_groups)
         self.dispatcher = Dispatcher(policy, len(self.instances), capacity=capacity, work_stealing=work_stealing,
                                      lag=self.lag)
@@ -79,7 +92,8 @@ class RolloutDriver:
             self.lock.notify_all()
 
     def pause(self, timeout: float = 3600.0) -> bool:
-        """Stop issuing engine steps and wait until no call is outstanding (weight sync may start).
+        """Stop issuing engine steps and wait until no call is outstanding (weight sync may start); a dead
+        instance raises RunError here. The trainer then calls `check_alive` (an instance may die while idle).
 
         A step call runs `steps_per_call` engine steps, so one that is still out after `timeout` means a hung
         engine (a device kernel or collective that never returns): the error names each such instance and how
@@ -97,16 +111,47 @@ class RolloutDriver:
                                    f"a weight sync: {stuck}; a hung engine (asp.sync_timeout_s bounds this wait)")
             return True
 
+    def check_alive(self, timeout: float = 60.0) -> bool:
+        """Ask every TP rank for `ready()` (paused: answered at once); a rank whose actor died is a death of its
+        instance, raised as RunError, so a sync's broadcast never starts with a rank missing. A rank silent
+        for `timeout` is a RunError too."""
+        import ray
+        refs = {r.ready.remote(): (j, k) for j, ranks in enumerate(self.instances) for k, r in enumerate(ranks)}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # the actor is gone (ActorDiedError) or its process is broken
+                j, k = refs[ref]
+                self._on_dead(j, exc, [k])
+        silent = sorted({refs[ref] for ref in refs if ref not in ready})
+        with self.lock:
+            self._raise()
+        if silent:
+            raise RunError("rollout instance(s) do not answer a liveness probe within "
+                           f"{timeout:g} s before a weight sync: "
+                           + ", ".join(self.labels[j][k] for j, k in silent))
+        return True
+
     def resume(self) -> None:
         with self.lock:
             self.paused = False
             self.lock.notify_all()
 
-    def next_minibatch(self, train_version: int, timeout: float = 86400.0) -> Dict[str, Any]:
+    def supply(self) -> int:
+        """Groups that can still be trained: queued, in flight (admitted, generating) and finished untrained."""
+        return self.dispatcher.queued() + self.dispatcher.in_flight_count() + self.queue.occupancy()
+
+    def next_minibatch(self, train_version: int, timeout: float = 86400.0,
+                       feed_below: int = 0) -> Dict[str, Any]:
         """Block until the queue holds a trainable minibatch for `train_version`; return it with the wait.
 
         Stale groups found on the way are handed back to the dispatcher (regenerate) or dropped, per the
-        queue's policy; both free their admission place.
+        queue's policy; both free their admission place. `feed_below` > 0: return early, without a batch,
+        as `{"need_window": True, "supply": s}` when no batch is ready and the supply (`supply()`) is below
+        it: under `stale_policy: drop` every dropped group shrinks the supply, and without a new window the
+        update would wait forever for groups that no longer exist (the trainer passes M, feeds one window,
+        and asks again).
         """
         t0 = time.time()
         deadline = t0 + timeout
@@ -124,6 +169,10 @@ class RolloutDriver:
                     return {"groups": batch, "lags": lags, "wait_s": time.time() - t0,
                             "queued": self.dispatcher.queued(), "in_flight": self.dispatcher.in_flight_count(),
                             "ready_left": self.queue.occupancy(), "counters": self.queue.counters()}
+                supply = self.supply()
+                if feed_below > 0 and supply < feed_below:
+                    return {"need_window": True, "supply": supply, "wait_s": time.time() - t0,
+                            "counters": self.queue.counters()}
                 if time.time() >= deadline:
                     raise TimeoutError(f"no trainable minibatch for version {train_version} within {timeout}s")
                 self.lock.wait(timeout=0.05)
@@ -205,7 +254,7 @@ class RolloutDriver:
 
     def _raise(self) -> None:
         if self.errors:
-            raise RuntimeError("rollout instance failed: " + self.errors[0])
+            raise RunError(self.errors[0])
 
     def _forget_taken(self, train_version: int, batch: Sequence[GroupResult]) -> None:
         """Mirror what `next_minibatch` removed from the queue: the batch (trained) and, by the same rule
@@ -227,6 +276,8 @@ class RolloutDriver:
             self.pending[j].append((self.requests[t.gid], self.version))
 
     def _issue(self) -> None:
+        if self.errors:  # the run is over: nothing more reaches an engine
+            return
         for j, ranks in enumerate(self.instances):
             if j in self.outstanding or not self.dispatcher.alive[j]:
                 continue
@@ -244,18 +295,36 @@ class RolloutDriver:
                 if not self.paused:
                     self._admit()
                     self._issue()
-                refs = {j: refs[0] for j, refs in self.outstanding.items()}
-                if not refs:
+                owner = {ref: (j, k) for j, refs in self.outstanding.items() for k, ref in enumerate(refs)}
+                if not owner:
                     self.lock.wait(timeout=0.05)
                     continue
-            ready, _ = ray.wait(list(refs.values()), num_returns=1, timeout=0.05)
-            for ref in ready:
-                j = next(k for k, r in refs.items() if r == ref)
-                try:
-                    results: List[List[GroupResult]] = ray.get(self.outstanding[j])  # all TP ranks: lockstep
-                except Exception as exc:  # an instance died: its groups go back to the others
-                    self._on_dead(j, exc)
+            # every TP rank's call: a dead rank 1 must be seen while rank 0 waits in a collective for it
+            first, _ = ray.wait(list(owner), num_returns=1, timeout=0.05)
+            if not first:
+                continue
+            done, _ = ray.wait(list(owner), num_returns=len(owner), timeout=0)
+            done_set = set(done) | set(first)
+            for j in sorted({owner[ref][0] for ref in done_set}):
+                refs = self.outstanding.get(j)
+                if refs is None:
                     continue
+                failed: List[int] = []
+                cause: Optional[BaseException] = None
+                for k, ref in enumerate(refs):
+                    if ref not in done_set:
+                        continue
+                    try:
+                        ray.get(ref)
+                    except Exception as exc:
+                        failed.append(k)
+                        cause = cause or exc
+                if failed:
+                    self._on_dead(j, cause, failed)
+                    continue
+                if not all(ref in done_set for ref in refs):
+                    continue  # lockstep ranks finish together: wait for the rest
+                results: List[List[GroupResult]] = ray.get(refs)
                 with self.lock:
                     self.outstanding.pop(j, None)
                     for out in results[0]:
@@ -265,13 +334,20 @@ class RolloutDriver:
                             self.finished[gid] = (out, self.dispatch_version[gid])
                     self.lock.notify_all()
 
-    def _on_dead(self, j: int, exc: Exception) -> None:
+    def _on_dead(self, j: int, exc: Optional[BaseException], ranks: Sequence[int] = ()) -> None:
+        """Record the death of instance j (its TP ranks `ranks` failed with `exc`) and end the run: nothing
+        more is issued, and the trainer's next call raises (see the module docstring)."""
+        cause = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown cause"
+        cause = " ".join(cause.split())[:600]
+        names = ", ".join(self.labels[j])
+        dead = ", ".join(self.labels[j][k] for k in ranks) or "?"
         with self.lock:
             self.outstanding.pop(j, None)
             self.pending[j] = []
-            try:
-                moved = self.dispatcher.on_instance_dead(j)  # the policy counts their re-dispatch again
-                self.deaths.append({"instance": j, "error": str(exc)[:300], "redispatched": len(moved)})
-            except RuntimeError as fatal:
-                self.errors.append(f"{fatal}: {exc}")
+            self.deaths.append({"instance": j, "ranks": list(ranks), "error": cause})
+            if not self.errors:
+                self.errors.append(
+                    f"rollout instance {j} died (TP ranks: {names}; failed: {dead}): {cause}. A weight group "
+                    f"spans every instance and cannot be formed again, so the run stops here instead of waiting "
+                    f"asp.sync_timeout_s in the next weight sync; resume from the last checkpoint")
             self.lock.notify_all()

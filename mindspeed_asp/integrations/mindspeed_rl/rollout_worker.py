@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import WeightSyncError
 from mindspeed_asp.runtime.types import GroupRequest, GroupResult, SampleResult
@@ -58,8 +58,9 @@ FORWARDED_KEYS: Dict[str, Any] = {
     "eplb_token_collects": False, "eplb_token_save_path": "./", "limit_mm_image_per_prompt": 1,
     "limit_mm_video_per_prompt": 0,
 }
-# Keywords of stock's call that the pool sets on purpose, and why (a contract test holds this list and
-# FORWARDED_KEYS together equal to `_build_rollout`'s keyword set).
+# Keywords the pool sets on purpose, and why: those of stock's call it does not forward as they are, plus
+# `load_format`, which stock leaves at the engine's default (a contract test holds this list and
+# FORWARDED_KEYS together to `_build_rollout`'s keyword set and to VLLMInferEngine's parameters).
 POOL_SET_KEYS: Dict[str, str] = {
     "tokenizer_name_or_path": "the actor's megatron_training.tokenizer_name_or_path, as stock",
     "train_tensor_parallel_size": "None: a rollout instance holds no Megatron parallel state",
@@ -71,6 +72,8 @@ POOL_SET_KEYS: Dict[str, str] = {
     "sampling_config": "generate_config.sampling_config without num_completions: the pool sends one request "
                        "per sample (SamplingParams n=1, built per request)",
     "gpu_memory_utilization": "asp.rollout_memory_utilization: a dedicated rollout device holds only the engine",
+    "load_format": "'megatron', the engine's default stock relies on: dummy weights and MindSpeed-RL's megatron "
+                   "weight loaders; the real weights arrive with the first sync",
 }
 
 
@@ -139,16 +142,30 @@ class RolloutWorker:
         self._receiver: Any = None
         self._weights: Dict[str, Any] = {}
         self._kv_ready = not hasattr(self.engine_obj, "init_cache_engine")
+        # groups that finished while a probe stepped the engine: handed to the driver by the next `run`
+        self._finished_early: List[GroupResult] = []
+        self._probes: Dict[str, Any] = {}  # probe request id -> its completion once finished
+        self._probe_count = 0
+
+    def ready(self) -> Dict[str, Any]:
+        """Answers once the constructor (the engine build) has returned. Ray queues it behind the constructor,
+        so the trainer waits on it with the engines' own deadline (asp.engine_start_timeout_s) before it forms
+        the weight groups: build time never counts against asp.sync_timeout_s. Also the cheap liveness probe
+        the driver sends before a sync."""
+        return {"instance": self.instance, "tp_rank": self.tp_rank, "version": self.version, "pid": os.getpid()}
 
     # ------------------------------------------------------------------ generation
+    def _ensure_kv(self) -> None:
+        if not self._kv_ready:
+            self.engine_obj.init_cache_engine()  # once; the KV cache stays resident between calls
+            self._kv_ready = True
+
     def run(self, new_jobs: List[Tuple[GroupRequest, int]], steps: int) -> List[GroupResult]:
         """Add `new_jobs` ((request, version at admission) pairs), run up to `steps` engine steps, return the
         groups that finished. Every TP rank of an instance is called with the same arguments (lockstep)."""
         if self.version < 0:
             raise RuntimeError(f"instance {self.instance} has no weights yet: run a weight sync first")
-        if not self._kv_ready:
-            self.engine_obj.init_cache_engine()  # once; the KV cache stays resident between calls
-            self._kv_ready = True
+        self._ensure_kv()
         now = time.time()
         for req, version in new_jobs:
             gid = req.group_id
@@ -160,26 +177,67 @@ class RolloutWorker:
                 seed = None if req.seed is None else int(req.seed) + i
                 self.engine.add_request(f"{gid}#s{i}", prompt, make_sampling_params(
                     dict(self.sampling, max_tokens=req.max_new_tokens), seed))
-        done: List[GroupResult] = []
+        done, self._finished_early = self._finished_early, []
         t0 = time.monotonic()
         stepped = False
         for _ in range(max(1, steps)):
             if not self.engine.has_unfinished_requests():
                 break
-            outputs = self.engine.step()
+            done += self._absorb(self.engine.step())
             stepped = True
-            self.decode_steps += 1
-            for out in outputs:
-                if not out.finished:
-                    continue
-                gid, _, idx = out.request_id.rpartition("#s")
-                if gid in self.samples:
-                    self.samples[gid][int(idx)] = out.outputs[0]
-                    if len(self.samples[gid]) == self.jobs[gid][0].n:
-                        done.append(self._collect(gid))
         if stepped:
             self.busy_time += time.monotonic() - t0
         return done
+
+    def _absorb(self, outputs: Iterable[Any]) -> List[GroupResult]:
+        """One engine step's outputs: finished samples join their group (a group is returned when all its
+        samples are in), finished probe requests are kept for `greedy_probe`."""
+        self.decode_steps += 1
+        done: List[GroupResult] = []
+        for out in outputs:
+            if not out.finished:
+                continue
+            if out.request_id in self._probes:
+                self._probes[out.request_id] = out.outputs[0]
+                continue
+            gid, _, idx = out.request_id.rpartition("#s")
+            if gid in self.samples:
+                self.samples[gid][int(idx)] = out.outputs[0]
+                if len(self.samples[gid]) == self.jobs[gid][0].n:
+                    done.append(self._collect(gid))
+        return done
+
+    def greedy_probe(self, prompt_ids: Sequence[int], max_tokens: int) -> Dict[str, Any]:
+        """Decode `prompt_ids` greedily for exactly `max_tokens` tokens through this engine, as loaded by the
+        last sync; returns the tokens and their log-probs (the trainer compares them with its own forward on
+        the same weights: a functional check that the engine computes with the trainer's weights).
+
+        Called on every TP rank of the instance with the same arguments while the driver is paused
+        (lockstep). Requests already in the engine are stepped along with the probe; groups that finish
+        meanwhile are returned by the next `run`. Greedy sampling applies no temperature, so vLLM's raw and
+        processed log-probs agree here."""
+        from vllm import SamplingParams
+        if self.version < 0:
+            raise WeightSyncError(f"instance {self.instance} tp-rank {self.tp_rank}: probe before any weight sync")
+        self._ensure_kv()
+        rid = f"asp-probe-{self._probe_count}"
+        self._probe_count += 1
+        self._probes[rid] = None
+        self.engine.add_request(rid, {"prompt_token_ids": [int(t) for t in prompt_ids]}, SamplingParams(
+            n=1, temperature=0.0, max_tokens=int(max_tokens), logprobs=0, ignore_eos=True, detokenize=False))
+        t0 = time.monotonic()
+        try:
+            while self._probes[rid] is None:
+                if not self.engine.has_unfinished_requests():
+                    raise WeightSyncError(f"instance {self.instance} tp-rank {self.tp_rank}: the engine dropped "
+                                          f"the weight probe request")
+                self._finished_early += self._absorb(self.engine.step())
+        finally:
+            self.busy_time += time.monotonic() - t0
+            c = self._probes.pop(rid)
+        ids = [int(t) for t in c.token_ids]
+        lps = [float(d[t].logprob) if t in d else float("nan") for t, d in zip(ids, c.logprobs or [])]
+        return {"tokens": ids, "logprobs": lps, "version": self.version}
 
     def _collect(self, gid: str) -> GroupResult:
         req, version = self.jobs.pop(gid)
@@ -227,14 +285,17 @@ class RolloutWorker:
         self.version = int(version)
         return self.version
 
-    def read_weights(self, names: Iterable[str]) -> Dict[str, Any]:
-        """Copies of the engine's parameters that keep their HF name and shape after loading (embeddings,
-        norms, lm_head): read back after a sync to prove the engine holds the trainer's values."""
+    def weight_checksums(self, names: Iterable[str]) -> Dict[str, float]:
+        """`tensor_checksum` of the engine's parameters that keep their HF name and shape after loading
+        (embeddings, norms, lm_head), computed here on the engine's device: only floats travel back to the
+        trainer, which compares them with its export's (no full tensor copies through Ray)."""
+        from mindspeed_asp.runtime.weight_sync import tensor_checksum
         model = getattr(self.engine_obj, "model", None)
         if model is None:
-            raise WeightSyncError(f"instance {self.instance}: the engine exposes no model to read back")
+            raise WeightSyncError(f"instance {self.instance} tp-rank {self.tp_rank}: the engine exposes no model "
+                                  f"to check")
         params = dict(model.named_parameters())
-        return {n: params[n].detach().to("cpu").clone() for n in names if n in params}
+        return {n: float(tensor_checksum(params[n].detach())) for n in names if n in params}
 
 
 def rollout_actor_class(num_npus_per_worker: float = 1.0) -> Any:

@@ -126,3 +126,4 @@ def sync_deadline(refs_by_label: Dict[str, Any], timeout_s: float) -> Dict[str, 
                 cls = WeightSyncTimeout if isinstance(cause, WeightSyncTimeout) else WeightSyncError
                 raise cls(f"{label}: {type(cause).__name__}: {cause}") from exc
     return {label: results[label] for label in labels}
+
