@@ -26,6 +26,7 @@ esac
 export NNODES="${NNODES:-$nn}"
 NPUS_PER_NODE="${NPUS_PER_NODE:-$npn}"
 export TRAIN_ITERS="$iters"
+export ASP_RESUME="${ASP_RESUME:-off}"  # a comparison is two fresh runs of the same iterations
 asp_prepare "$config"
 base_port="${RAY_PORT:-6766}"
 compare_dir="$RUN_DIR/compare"

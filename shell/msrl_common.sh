@@ -24,6 +24,9 @@
 #     runtime_env.yaml does not override them, Ray workers inherit them from `ray start`)
 #   HCCL_CONNECT_TIMEOUT [1800]  HCCL_EXEC_TIMEOUT [3600]  HCCL_BUFFSIZE [256]
 #   ASCEND_TOOLKIT_HOME [/usr/local/Ascend/ascend-toolkit/latest]  ASP_MODE_OVERRIDE (stock runs: see compare)
+#   ASP_RESUME [auto]  auto: when actor_config.save holds a checkpoint with ASP's state, the run resumes it
+#     (load from save; finetune, no_load_optim, no_load_rng false); off: the config as written (a start that
+#     would discard a saved ASP state is refused by the driver unless asp.ignore_saved_state: true)
 #   ASP_JOIN_TIMEOUT [1800]  seconds a node keeps trying to join the head (node 0 waits as long for them)
 #   ASP_DRY_RUN=1  validate and prepare, then print the plan, `ray start` and training commands (with the
 #     network environment) instead of running them
@@ -97,8 +100,8 @@ asp_prepare() {
   if [ -n "${TRAIN_ITERS:-}" ]; then overrides+=("megatron_training.train_iters=$TRAIN_ITERS"); fi
   overrides+=("$@")
   composed="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.launch_config "$source_file" "$RUN_DIR/config" \
-              --msrl-root "$MINDSPEED_RL_ROOT" -- "${overrides[@]}")" || exit 2
-  eval "$composed"  # ASP_COMPOSED_CONFIG, ASP_HYDRA_ARGS
+              --msrl-root "$MINDSPEED_RL_ROOT" --resume "${ASP_RESUME:-auto}" -- "${overrides[@]}")" || exit 2
+  eval "$composed"  # ASP_COMPOSED_CONFIG, ASP_HYDRA_ARGS, ASP_RESUME_ITERATION
   CONFIG_FILE="$ASP_COMPOSED_CONFIG"
   CONFIG_DIR="$(dirname "$CONFIG_FILE")"
   [ "${#overrides[@]}" -eq 0 ] || log "composed $CONFIG with ${overrides[*]} into $CONFIG_FILE"

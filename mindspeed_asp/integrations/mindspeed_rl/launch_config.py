@@ -103,6 +103,26 @@ def write_composed(config_file: str | Path, msrl_root: str | Path, overrides: Se
     return out
 
 
+def resume_overrides(composed: Path, workdir: str | Path, given: Sequence[str]) -> Tuple[List[str], int | None]:
+    """The overrides that make a relaunch resume: when the composed config's `actor_config.save` (relative to
+    `workdir`, where the entry runs) holds a checkpoint with ASP's state, load from it with finetune,
+    no_load_optim and no_load_rng off, except for any of those keys the launch line set itself. ([], None) when
+    there is nothing to resume or `asp.ignore_saved_state` is set."""
+    import yaml
+    from mindspeed_asp.integrations.mindspeed_rl.resume_state import RESUME_OVERRIDES, resumable_iteration
+    data = yaml.safe_load(composed.read_text())
+    save = dig(data, "actor_config.save")
+    if not save or dig(data, "asp.ignore_saved_state") is True:
+        return [], None
+    it = resumable_iteration(Path(workdir) / str(save))
+    if it is None:
+        return [], None
+    set_by_user = {key for key, _ in entry_overrides(given)}
+    extra = [o for o in (f"++actor_config.load={save}", *RESUME_OVERRIDES)
+             if o.lstrip("+").split("=", 1)[0] not in set_by_user]
+    return extra, it
+
+
 def dig(data: Dict[str, Any], dotted: str) -> Any:
     cur: Any = data
     for part in dotted.split("."):
@@ -177,7 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "launch line). Hydra overrides follow `--`.")
     ap.add_argument("config", help="the training YAML (configs/<name>.yaml)")
     ap.add_argument("out_dir", help="where the composed file goes (the run directory's config/)")
-    ap.add_argument("--msrl-root", required=True, help="MindSpeed-RL checkout (its configs/ holds the model group)")
+    ap.add_argument("--msrl-root", required=True, help="MindSpeed-RL checkout (its configs/ holds the model group; "
+                    "relative load/save paths are relative to it, where the entry runs)")
+    ap.add_argument("--resume", choices=("auto", "off"), default="auto",
+                    help="auto: when actor_config.save holds a checkpoint with ASP's state, compose the resume "
+                    "settings too (load from it, finetune/no_load_optim/no_load_rng false); off: as written")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
@@ -186,10 +210,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         hydra_args, config_args = split_overrides(args.overrides)
         out = write_composed(args.config, args.msrl_root, config_args, args.out_dir)
+        resumed = None
+        if args.resume == "auto":
+            extra, resumed = resume_overrides(out, args.msrl_root, config_args)
+            if extra:
+                out = write_composed(args.config, args.msrl_root, config_args + extra, args.out_dir)
+                print(f"[asp] resuming iteration {resumed}: composed {' '.join(extra)}", file=sys.stderr)
     except ConfigError as exc:
         print(f"[asp] error: {exc}", file=sys.stderr)
         return 2
     print(f"ASP_COMPOSED_CONFIG={shlex.quote(str(out))}")
+    print(f"ASP_RESUME_ITERATION={resumed or 0}")
     print("ASP_HYDRA_ARGS=(" + " ".join(shlex.quote(a) for a in hydra_args) + ")")
     return 0
 

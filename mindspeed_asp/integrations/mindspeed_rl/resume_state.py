@@ -176,3 +176,51 @@ def save_checkpoint_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
 CHECKPOINT_PATCHES = [
     ("mindspeed_rl.trainer.grpo_trainer_hybrid.RayGRPOTrainer.save_checkpoint", save_checkpoint_wrapper),
 ]
+
+
+# ------------------------------------------------------------------------ relaunch: resume or refuse
+#: the Megatron keys that decide whether a relaunch resumes (iteration, optimizer, RNG) or starts afresh
+RESUME_OVERRIDES = ("++actor_config.finetune=false", "++actor_config.no_load_optim=false",
+                    "++actor_config.no_load_rng=false")  # ++: set whether or not the config names the key
+
+
+def latest_iteration(directory: str | Path) -> Optional[int]:
+    """The iteration Megatron's `latest_checkpointed_iteration.txt` under `directory` names; None when the
+    file is absent or says `release` (a converted starting checkpoint, no training state)."""
+    marker = Path(directory) / "latest_checkpointed_iteration.txt"
+    try:
+        text = marker.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def resumable_iteration(directory: Optional[str | Path]) -> Optional[int]:
+    """The latest iteration under `directory` that ASP saved its state beside (a run ASP can continue)."""
+    if not directory:
+        return None
+    it = latest_iteration(directory)
+    return it if it is not None and it > 0 and state_path(directory, it).is_file() else None
+
+
+def check_resume_settings(load: Optional[str], finetune: bool, no_load_optim: bool, ignore_saved_state: bool,
+                          path: str) -> Optional[int]:
+    """Refuse a start that would silently ignore ASP's saved state: `load` holds a checkpoint of iteration N
+    with ASP's state, but `finetune` (Megatron then restarts at iteration 0: plan window 0, version 0, the LR
+    schedule from scratch, trained windows trained again) or `no_load_optim` (Adam's moments reset) would
+    discard it. Returns N (None: nothing to resume). `asp.ignore_saved_state: true` starts afresh on purpose."""
+    it = resumable_iteration(load)
+    if it is None or ignore_saved_state:
+        return it
+    how = ("relaunch through a shell/ launcher (it sets these when the save directory holds ASP's state), or set "
+           "asp.ignore_saved_state: true to start afresh from these weights on purpose")
+    if finetune:
+        raise ConfigError(f"actor_config.load {load} holds iteration {it} with ASP's state, but finetune: true "
+                          f"restarts at iteration 0 (plan window 0, policy version 0, the LR schedule anew, trained "
+                          f"windows trained again): set actor_config.finetune: false to resume, or {how}",
+                          path=path, key="actor_config.finetune")
+    if no_load_optim:
+        raise ConfigError(f"actor_config.load {load} holds iteration {it} with ASP's state, but no_load_optim: true "
+                          f"resets Adam's moments on resume: set actor_config.no_load_optim: false, or {how}",
+                          path=path, key="actor_config.no_load_optim")
+    return it
