@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL = ROOT / "shell"
-SCRIPTS = ["msrl_common.sh", "compare_msrl.sh", "qwen25_7b_A3_asp.sh", "qwen25_32b_A3_asp.sh",
+SCRIPTS = ["msrl_common.sh", "compare_msrl.sh", "ascend_first_run.sh", "qwen25_7b_A3_asp.sh", "qwen25_32b_A3_asp.sh",
            "qwen25_32b_A2_asp.sh", "qwen3_8b_A3_asp.sh", "qwen3_30b_a3b_dapo_A3_asp.sh"]
 
 
@@ -248,3 +248,25 @@ def test_ray_cli_is_the_jobs_own_python_not_the_first_on_path(tmp_path):
     lines, _ = _dry_run("qwen25_32b_A3_asp.sh", env)
     start = next(x for x in lines if "ray.scripts.scripts start" in x)
     assert start.split("env -u RAY_ADDRESS ", 1)[1].startswith(f"{os.sys.executable} -m ray.scripts.scripts start")
+
+
+def test_first_run_script_composes_its_checks_into_a_short_fresh_run(tmp_path):
+    """shell/ascend_first_run.sh: one node, FIRST_RUN_ITERS iterations, the probe after every sync, an audit
+    file and a checkpoint in its own run directory, whatever the config says; then the report (its logic is
+    tested in test_first_run_report.py and on a real CPU run in the msrl_e2e tier)."""
+    import yaml
+    (tmp_path / "prompts.jsonl").write_text("")
+    env = _dry_env(tmp_path, MASTER_ADDR="127.0.0.1", ASP_PROMPTS=str(tmp_path / "prompts.jsonl"),
+                   FIRST_RUN_ITERS="2")
+    out = subprocess.run(["bash", str(SHELL / "ascend_first_run.sh"), "qwen25_7b_A3_asp", "asp.max_lag=2"], env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    data = yaml.safe_load((tmp_path / "run" / "config" / "qwen25_7b_A3_asp.yaml").read_text())
+    assert data["asp"]["weight_probe_every"] == 1 and data["asp"]["max_lag"] == 2
+    assert data["asp"]["audit_path"] == str(tmp_path / "run" / "first_run_audit.jsonl")
+    assert data["actor_config"]["save"] == str(tmp_path / "run" / "ckpt")
+    assert data["megatron_training"]["train_iters"] == 2 and data["megatron_training"]["save_interval"] == 2
+    assert any("cli/train_grpo.py" in x for x in out.stdout.splitlines())
+    out = subprocess.run(["bash", str(SHELL / "ascend_first_run.sh"), "qwen25_7b_A3_asp", "asp.mode=stock"],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode != 0 and "first-run checks need ASP's trainer" in out.stderr

@@ -198,6 +198,10 @@ def decoupled_compute_loss(self: Any, output: Any, batch: Dict[str, Any], **kwar
         "actor/kl_loss": kl_mean_loss.detach().item(),
         "actor/entropy": entropy_loss.detach().item(),
     }
+    if current is not None:  # the engine's log-probs against Megatron's on the same weights (lag-0 tokens)
+        agree = mask.bool() & current & torch.isfinite(behaviour)
+        if bool(agree.any()):
+            stats["asp/engine_prox_absdiff_lag0"] = (behaviour - prox).abs()[agree].mean().item()
     if lags is not None:
         terms = terms.with_row_lags(lags)
     off = offpolicy_stats(terms)
