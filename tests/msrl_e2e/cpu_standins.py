@@ -363,6 +363,9 @@ def save_checkpoint(iteration: int, model: Any, optimizer: Any, opt_param_schedu
     tmp = os.path.join(str(args.save), "tiny_megatron_state.pt.tmp")
     torch.save(state, tmp)
     os.replace(tmp, os.path.join(str(args.save), "tiny_megatron_state.pt"))  # whole, like Megatron's iter_ dirs
+    # Megatron's tracker file, written after the checkpoint (what a relaunch reads to find the iteration)
+    with open(os.path.join(str(args.save), "latest_checkpointed_iteration.txt"), "w") as fh:
+        fh.write(str(int(iteration)))
 
 
 def unwrap_model(model: Any, module_instances: Any = None) -> Any:

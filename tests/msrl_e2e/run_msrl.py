@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import os
 import subprocess
 import sys
@@ -87,6 +88,22 @@ def stop_after(path: Path, session_dir: str, worker_log: Path, message: str, pol
     return t
 
 
+def kill_instance_after(audit: Path, updates: int, actor: str, out: Path, poll_s: float = 0.2) -> threading.Thread:
+    """Crash one rollout TP rank (SIGKILL to its process, as an OOM kill or a device fault does) once the audit
+    holds `updates` records; its time goes to out/killed.json. The run must then end fast, with the named error."""
+    def watch() -> None:
+        while not (audit.exists() and len(audit.read_text().splitlines()) >= updates):
+            time.sleep(poll_s)
+        import ray
+        info = ray.get(ray.get_actor(actor).ready.remote(), timeout=60)
+        os.kill(int(info["pid"]), signal.SIGKILL)
+        (out / "killed.json").write_text(json.dumps({"actor": actor, "pid": info["pid"], "time": time.time()}))
+        print(f"[msrl-e2e] killed {actor} (pid {info['pid']}) after {updates} updates", flush=True)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", required=True)
@@ -100,7 +117,12 @@ def main() -> int:
     run_kind = ap.add_mutually_exclusive_group()
     run_kind.add_argument("--stop-after-save", type=int, metavar="K",
                           help="interrupt the run once iteration K's checkpoint and ASP state are written")
-    run_kind.add_argument("--resume", action="store_true", help="continue the run directory from its checkpoint")
+    run_kind.add_argument("--resume", action="store_true", help="relaunch the run directory: the shipped finetune "
+                          "semantics stay, and the launcher's own resume composition switches to the checkpoint")
+    ap.add_argument("--kill-instance-after", type=int, metavar="K",
+                    help="SIGKILL rollout instance 1's TP rank 0 once K updates are audited (the run must fail fast)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="a launch-line Hydra override, composed into the config file as shell/ launchers do")
     args = ap.parse_args()
     root = Path(args.workdir).resolve()
     out = root / (args.mode + ("-noasp" if args.without_asp else "") + (f"-{args.tag}" if args.tag else ""))
@@ -118,7 +140,6 @@ def main() -> int:
     asp = dict(MODES[args.mode], slots=8, minibatch_groups=args.gbs, audit_path=str(audit))
     cfg = fixtures.run_config(model, data, out, gbs=args.gbs, n=args.n, iters=args.iters, asp=asp)
     cfg["megatron_training"]["save_interval"] = args.save_interval
-    cfg["actor_config"]["finetune"] = not args.resume  # off: Megatron loads the iteration with the weights
     cfg_path = out / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     if asp["mode"] == "asp":
@@ -129,6 +150,18 @@ def main() -> int:
         asp["plan_path"] = str(plan)
         cfg["asp"] = asp
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    # As shell/msrl_common.sh's asp_prepare: launch-line overrides, and on a relaunch the resume settings
+    # (finetune: true stays in the file, as shipped), composed with Hydra into the one file both sides read
+    from mindspeed_asp.integrations.mindspeed_rl.launch_config import resume_overrides, write_composed
+    overrides = list(args.override)
+    if args.resume:
+        extra, resumed = resume_overrides(cfg_path, out, overrides)
+        if not extra:
+            raise SystemExit(f"--resume: {cfg['actor_config']['save']} holds no checkpoint with ASP's state")
+        print(f"[msrl-e2e] resuming iteration {resumed}: composed {' '.join(extra)}", flush=True)
+        overrides += extra
+    if overrides:
+        cfg_path = write_composed(cfg_path, msrl, overrides, out / ("composed-resume" if args.resume else "composed"))
     os.environ["ASP_MSRL_CONFIG"] = str(cfg_path)
 
     # As on a cluster: `python cli/train_grpo.py` runs MindSpeed-RL's launcher as a script (so Ray pickles its
@@ -161,8 +194,11 @@ def main() -> int:
         from mindspeed_asp.integrations.mindspeed_rl.resume_state import state_path
         stop_after(state_path(cfg["actor_config"]["save"], args.stop_after_save), session_dir, worker_log,
                    f"[msrl-e2e] {args.mode} stopped after the checkpoint of iteration {args.stop_after_save}")
+    if args.kill_instance_after:
+        kill_instance_after(audit, args.kill_instance_after, "asp_rollout_1_0", out)
     argv = sys.argv
-    sys.argv = [str(Path(msrl) / "cli" / "train_grpo.py"), "--config-path", str(out), "--config-name", "run",
+    sys.argv = [str(Path(msrl) / "cli" / "train_grpo.py"), "--config-path", str(cfg_path.parent),
+                "--config-name", cfg_path.stem,
                 f"hydra.run.dir={out / 'hydra'}", "hydra.output_subdir=null"]
     try:
         launcher["main"]()

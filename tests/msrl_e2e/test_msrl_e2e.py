@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -36,7 +37,8 @@ def workdir(tmp_path_factory: Any) -> Path:
 
 
 def run_mode(workdir: Path, mode: str, without_asp: bool = False, iters: int = ITERS, tag: str = "",
-             extra: Sequence[str] = (), audit_name: str = "asp_audit.jsonl", log_name: str = "") -> Dict[str, Any]:
+             extra: Sequence[str] = (), audit_name: str = "asp_audit.jsonl", log_name: str = "",
+             worker_name: str = "", expect_fail: bool = False) -> Dict[str, Any]:
     name = mode + ("-noasp" if without_asp else "") + (f"-{tag}" if tag else "")
     log = workdir / f"{log_name or name}.log"
     cmd = [sys.executable, str(HERE / "run_msrl.py"), "--workdir", str(workdir), "--mode", mode,
@@ -45,10 +47,14 @@ def run_mode(workdir: Path, mode: str, without_asp: bool = False, iters: int = I
     with log.open("w") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=600, env=dict(os.environ))
     text = log.read_text(errors="replace")
+    if expect_fail:
+        assert proc.returncode != 0, f"{name} was expected to fail (log {log}):\n" + text[-3000:]
+        return {"dir": workdir / name, "log": text, "ended": time.time()}
     assert proc.returncode == 0, f"{name} failed (log {log}):\n" + text[-6000:]
     audit = workdir / name / audit_name
     records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
-    worker_log = workdir / name / audit_name.replace("asp_audit", "worker_output").replace(".jsonl", ".log")
+    worker_log = workdir / name / (worker_name or audit_name.replace("asp_audit", "worker_output").replace(".jsonl",
+                                                                                                         ".log"))
     assert worker_log.is_file(), f"{name} left no copy of its workers' output (log {log}):\n" + text[-3000:]
     return {"iterations": read_iterations(worker_log), "audit": records, "dir": workdir / name,
             "log": text + worker_log.read_text(errors="replace")}
@@ -66,6 +72,11 @@ def stock_without_asp(workdir: Path) -> Dict[str, Any]:
 
 @pytest.fixture(scope="session", params=["async1", "asp1"])
 def streaming(request: Any, workdir: Path) -> Dict[str, Any]:
+    if request.param == "async1":  # with a launch-line override of an asp: key, composed as the launchers do:
+        # the trainer's audit lands where the override says only if the override reached ASP's processes
+        audit = "asp_audit_override.jsonl"
+        return dict(run_mode(workdir, "async1", extra=["--override", f"asp.audit_path={workdir / 'async1' / audit}"],
+                             audit_name=audit, worker_name="worker_output.log"), mode="async1")
     return dict(run_mode(workdir, request.param), mode=request.param)
 
 
@@ -197,3 +208,32 @@ def test_asp_run_resumes_from_msrl_checkpoint_with_asps_state(workdir: Path) -> 
     order = [str(p) for it in range(plan.num_iterations) for j in range(2) for p in plan.instance_queue(it, j)]
     for r in saved + audit:
         assert [order[int(g)] for g in r["group_ids"]] == [str(p) for p in r["prompt_ids"]]
+
+
+def test_first_run_report_passes_on_a_cpu_run(streaming: Dict[str, Any]) -> None:
+    """shell/ascend_first_run.sh's table, on this tier's real run: start-up timings, the weight groups, the
+    syncs' bandwidth, the functional probe, lag-0 engine vs Megatron log-probs, patches live in every Megatron
+    worker. (Device memory does not apply on a CPU; the bandwidth bound is a cluster's, not a CPU's.)"""
+    from mindspeed_asp.integrations.mindspeed_rl import first_run_report as fr
+    rows = {r.check: r for r in fr.evaluate(streaming["log"], streaming["iterations"], streaming["audit"],
+                                            fr.Bounds(trainer_ranks=1, min_sync_gbps=0.0))}
+    failed = {k: r for k, r in rows.items() if r.status not in (fr.PASS, fr.NA)}
+    assert not failed, fr.render(list(rows.values()))
+    assert rows["trainer peak memory (export + update)"].status == fr.NA
+    assert rows["functional weight probe"].status == fr.PASS
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_rollout_instance_ends_the_run_fast_and_names_it(workdir: Path) -> None:
+    """asp, max_lag 1, 2 instances: after the first update, instance 1's only TP rank is SIGKILLed (as an OOM
+    kill or a device fault would). The run must stop with ASP's RunError naming the instance, its rank and
+    Ray's cause, well before the 600 s asp.sync_timeout_s a broadcast to the dead rank would wait."""
+    run = run_mode(workdir, "asp1", iters=4, tag="kill", extra=["--kill-instance-after", "1"], expect_fail=True)
+    killed = json.loads((run["dir"] / "killed.json").read_text())
+    assert killed["actor"] == "asp_rollout_1_0"
+    took = run["ended"] - killed["time"]
+    assert took < 180, f"the run took {took:.0f} s to end after the kill"
+    log = run["log"]
+    assert "rollout instance 1 died" in log and "asp_rollout_1_0" in log, log[-4000:]
+    assert "RunError" in log and "resume from the last checkpoint" in log
+    assert "WeightSyncTimeout" not in log
