@@ -156,7 +156,7 @@ asp_show_env() {
   # The environment Ray workers on this node inherit for communication (logged; printed in dry runs).
   local line="NODE_IP=${NODE_IP:-} HCCL_SOCKET_IFNAME=${HCCL_SOCKET_IFNAME:-} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-}"
   line+=" TP_SOCKET_IFNAME=${TP_SOCKET_IFNAME:-} HCCL_IF_BASE_PORT=${HCCL_IF_BASE_PORT:-} LCAL_COMM_ID=${LCAL_COMM_ID:-}"
-  line+=" RAY_ADDRESS=${RAY_ADDRESS:-}"
+  line+=" RAY_ADDRESS=${RAY_ADDRESS:-} RAY_AUTH_MODE=${RAY_AUTH_MODE:-}"
   if dry_run; then echo "[asp dry-run] env $line"; else log "env $line"; fi
 }
 
@@ -199,6 +199,19 @@ asp_ray_cli() {
   printf '%s\n' "$PY" -m ray.scripts.scripts
 }
 
+asp_ray_auth() {
+  # Ray 2.60: `ray start --head` turns token authentication on by itself when a token exists on the head
+  # (~/.ray/auth_token), but `ray start --address` and drivers do not, so a joining node is refused with
+  # InvalidAuthToken. Decide once per node, explicitly, for every Ray process this script starts.
+  if [ -z "${RAY_AUTH_MODE:-}" ]; then
+    if [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -f "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]; then
+      export RAY_AUTH_MODE=token
+    else
+      export RAY_AUTH_MODE=disabled
+    fi
+  fi
+}
+
 asp_start_ray() {
   # $1 = NPUs on this node. `ray start --block` runs in a background job of its own; killing it shuts down
   # exactly the Ray processes it started. Ray workers inherit this shell's environment. Returns once the
@@ -206,12 +219,13 @@ asp_start_ray() {
   # failed join until ASP_JOIN_TIMEOUT. The node's log: RUN_DIR/ray_node<NODE_RANK>.log.
   local npus="$1"
   asp_network
+  asp_ray_auth
   trap asp_stop_own_ray EXIT INT TERM
   local cmd ray_cli
   mapfile -t ray_cli < <(asp_ray_cli)
   if [ "$NODE_RANK" = "0" ]; then
-    if ! dry_run && "$PY" -c "import ray,sys; ray.init(address='$MASTER_ADDR:$RAY_PORT', logging_level='ERROR'); sys.exit(0)" >/dev/null 2>&1; then
-      die "a Ray cluster already listens on $MASTER_ADDR:$RAY_PORT (someone else's?); pick another RAY_PORT"
+    if ! dry_run && "$PY" -c "import socket; socket.create_connection(('$MASTER_ADDR', $RAY_PORT), 3).close()" 2>/dev/null; then
+      die "something (a Ray cluster: someone else's?) already listens on $MASTER_ADDR:$RAY_PORT; pick another RAY_PORT"
     fi
     cmd=("${ray_cli[@]}" start --head --port "$RAY_PORT" --node-ip-address "$NODE_IP"
          --resources="{\"NPU\": $npus}" --include-dashboard=false --block)
@@ -240,6 +254,9 @@ asp_start_ray() {
     wait "$RAY_PID" 2>/dev/null || true
     RAY_PID=""
     [ "$NODE_RANK" != "0" ] || die "ray start --head failed (log $node_log): $(tail -n 5 "$node_log" | tr '\n' ' ')"
+    if grep -q "InvalidAuthToken\|Authentication token is missing" "$node_log"; then
+      die "the Ray head $MASTER_ADDR:$RAY_PORT uses token authentication and refuses this node's token (RAY_AUTH_MODE=$RAY_AUTH_MODE): copy node 0's ~/.ray/auth_token here (or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH), or start every node with RAY_AUTH_MODE=disabled"
+    fi
     [ $((SECONDS - start)) -lt "$limit" ] || die "could not join the Ray head $MASTER_ADDR:$RAY_PORT within ${limit} s (ASP_JOIN_TIMEOUT, $attempt attempts; log $node_log): $(tail -n 5 "$node_log" | tr '\n' ' ')"
     log "joining $MASTER_ADDR:$RAY_PORT failed (attempt $attempt): $(tail -n 2 "$node_log" | tr '\n' ' '); retrying"
     sleep 5
