@@ -57,8 +57,8 @@ def _prepare(tmp_path, *overrides, **env_extra):
     env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
                ASP_PYTHON=os.sys.executable, ASP_MINDSPEED_RL_COMMIT="05a90d7",
                ASCEND_TOOLKIT_HOME=str(tmp_path / "no-toolkit"), **env_extra)
-    for k in ("ASP_PLAN", "TRAIN_ITERS", "ASP_RESUME"):
-        env.pop(k, None) if k not in env_extra else None
+    for k in {"ASP_PLAN", "TRAIN_ITERS", "ASP_RESUME"} - set(env_extra):
+        env.pop(k, None)
     out = subprocess.run(["bash", "-c", f"source {SHELL / 'msrl_common.sh'}; asp_prepare qwen25_7b_A3_asp "
                           + " ".join(overrides) + '; echo "RESUME=$ASP_RESUME_ITERATION"'],
                          env=env, capture_output=True, text=True, timeout=120)

@@ -160,11 +160,6 @@ class VLLMInferEngine:
         self.sync_count += 1
         return load_hf_weights(self.llm, params.items())
 
-    def read_weights(self, names: Iterable[str]) -> Dict[str, Any]:
-        """Copies of the engine's parameters kept under their HF names (embeddings, norms, lm_head)."""
-        params = dict(self.model.named_parameters())
-        return {n: params[n].detach().clone() for n in names if n in params}
-
     @contextlib.contextmanager
     def update_sampling_params(self, **kwargs: Any) -> Any:
         old = {}

@@ -124,12 +124,9 @@ def resume_overrides(composed: Path, workdir: str | Path, given: Sequence[str]) 
 
 
 def dig(data: Dict[str, Any], dotted: str) -> Any:
-    cur: Any = data
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return None
-        cur = cur[part]
-    return cur
+    """The value at a dotted key of a parsed config, None when absent (config_section's lookup)."""
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import _get
+    return _get(data, dotted, "<config>", None)
 
 
 def read_by_asp(key: str) -> bool:

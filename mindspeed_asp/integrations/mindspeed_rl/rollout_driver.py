@@ -45,7 +45,6 @@ class RolloutDriver:
         self.instances = [list(ranks) for ranks in instances]
         self.labels = [list(names) for names in labels] if labels is not None else [
             [f"instance {j} tp-rank {r}" for r in range(len(ranks))] for j, ranks in enumerate(self.instances)]
-        self.M = int(minibatch_groups)
         self.lag = LagPolicy(max_lag, minibatch_groups)
         self.dispatcher = Dispatcher(policy, len(self.instances), capacity=capacity, work_stealing=work_stealing,
                                      lag=self.lag)
