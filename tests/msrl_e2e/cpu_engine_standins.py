@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import types
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -51,6 +52,7 @@ def alias_vllm_parallel_state() -> None:
 # `megatron_config`. The stand-in refuses any other keyword there (TypeError), because the real engine would
 # drop it silently (the way the pool once lost `ascend_scheduler_config_enabled`).
 IGNORED_KWARGS = ("megatron_config",)
+START_DELAY_ENV = "ASP_STANDIN_ENGINE_START_DELAY_S"  # seconds each engine build sleeps first (a slow start)
 
 
 def check_ascend_scheduler(enabled: bool, max_num_batched_tokens: int, max_model_len: int) -> None:
@@ -115,6 +117,9 @@ class VLLMInferEngine:
             raise TypeError(f"VLLMInferEngine.__init__() got unexpected keyword arguments {unknown} (the real "
                             "engine takes them into **kwargs and ignores them)")
         check_ascend_scheduler(ascend_scheduler_config_enabled, max_num_batched_tokens, max_model_len)
+        delay = float(os.environ.get(START_DELAY_ENV, "0") or 0)
+        if delay > 0:  # fault injection: a slow engine build (a cold compile cache, a slow shared disk)
+            time.sleep(delay)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import torch
         from vllm import LLM, SamplingParams
