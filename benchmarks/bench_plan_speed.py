@@ -90,7 +90,8 @@ def main() -> None:
         r = run_size(groups, m, args.window, args.repeat if size < 10 ** 6 else 1)
         growth = ""
         if rows:
-            growth = f"{math.log(r['total_s'] / rows[-1]['total_s']) / math.log(r['samples'] / rows[-1]['samples']):.2f}"
+            slope = math.log(r['total_s'] / rows[-1]['total_s']) / math.log(r['samples'] / rows[-1]['samples'])
+            growth = f"{slope:.2f}"
         r["growth_exponent"] = growth
         rows.append(r)
         print(f"{r['samples']:>9} {groups:>7} {m:>3} {r['estimate_s']:>8.3f}s {r['plan_one_window_s']:>10.3f}s "

@@ -179,7 +179,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
     cfg = summary["config"]
     fit = _fit_engine_steps(run_dir)
     n, M = cfg["data"]["n"], cfg["asp"]["minibatch_groups"]
-    I, slots = cfg["asp"]["instances"], cfg["asp"]["slots"]
+    n_inst, slots = cfg["asp"]["instances"], cfg["asp"]["slots"]
     mode, lag = cfg["asp"]["mode"], int(cfg["asp"]["max_lag"])
     groups: Dict[int, Dict[str, Any]] = {}
     for g in trace["groups"]:  # the last attempt of each group (a regenerated group appears twice)
@@ -203,7 +203,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
         est = LengthEstimate(median=np.median(L, axis=1), group_max=L.max(axis=1), sigma=np.zeros(len(gids)),
                              p_trunc=np.zeros(len(gids)), has_history=np.ones(len(gids), dtype=bool),
                              estimator="observed", samples=L)
-        prob = PlanningProblem(prompts=ps, estimate=est, instances=I, spec=InstanceSpec(slots=slots), minibatch=M,
+        prob = PlanningProblem(prompts=ps, estimate=est, instances=n_inst, spec=InstanceSpec(slots=slots), minibatch=M,
                                cost=fit.cost, max_new_tokens=cfg["data"]["max_new_tokens"], max_lag=lag)
         return prob, L.astype(np.int64)
 
@@ -222,7 +222,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
         if mode == "asp":
             # the run's own schedule: each instance's groups in the order they started there (the plan as
             # executed, steals included, so no stealing again) and the update that trained each group as its tag
-            orders: List[List[int]] = [[] for _ in range(I)]
+            orders: List[List[int]] = [[] for _ in range(n_inst)]
             for g in sorted(groups.values(), key=lambda v: (v["start"], v["gid"])):
                 orders[int(g["instance"])].append(row[int(g["gid"])])
             tags = np.full(len(gids), len(steps), dtype=np.int64)
@@ -253,7 +253,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
         for st in steps:
             gids_k = sorted(int(g) for g in st["gids"] if int(g) in groups)
             prob, L = problem_of(gids_k)
-            orders_k: List[List[int]] = [[] for _ in range(I)]
+            orders_k: List[List[int]] = [[] for _ in range(n_inst)]
             for i, g in sorted(enumerate(gids_k), key=lambda x: (groups[x[1]]["start"], x[1])):
                 orders_k[int(groups[g]["instance"])].append(i)
             a_k = Assignment(orders=[np.asarray(o, dtype=np.int64) for o in orders_k],

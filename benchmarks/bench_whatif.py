@@ -193,7 +193,6 @@ def predict_run(run_dir: Path, cost_from: Optional[Path] = None) -> Dict[str, An
 
     summary = json.loads((run_dir / "summary.json").read_text())
     trace = json.loads((run_dir / "trace.json").read_text())
-    cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else None
     mode = summary["mode"]
     inst = int(summary["instances"])
     dev = summary.get("devices") or {}

@@ -160,7 +160,7 @@ class LagPolicy:
 
     def admits(self, version: int) -> bool:
         """True iff one more group may be dispatched now."""
-        return self.accepted < (version + self.max_lag + 1) * self.M
+        return self.accepted < self.capacity(version)
 
     # ------------------------------------------------------------------ waiting (EDF)
     def must_wait(self, version: int, take: Optional[int] = None) -> bool:
@@ -172,20 +172,21 @@ class LagPolicy:
         Versions already past their deadline are the audit's (stale), not a reason to wait.
         """
         need = self.M if take is None else int(take)
-        untrained, ready, M, eta = self.untrained, self.ready, self.M, self.max_lag
-        top = min(int(version), len(untrained) - 1)
-        lo = self._lo
-        while lo < top and untrained[lo] == 0:
-            lo += 1
-        self._lo = lo
-        due = 0
-        for v in range(max(lo, version - eta), top + 1):
-            t = ready[v] if ready[v] < need else need
-            need -= t
-            due += untrained[v] - t
-            if due > (v + eta - version) * M:
-                return True
-        return False
+        with self._lock:  # it advances _lo and reads the counts the event methods change
+            untrained, ready, M, eta = self.untrained, self.ready, self.M, self.max_lag
+            top = min(int(version), len(untrained) - 1)
+            lo = self._lo
+            while lo < top and untrained[lo] == 0:
+                lo += 1
+            self._lo = lo
+            due = 0
+            for v in range(max(lo, version - eta), top + 1):
+                t = ready[v] if ready[v] < need else need
+                need -= t
+                due += untrained[v] - t
+                if due > (v + eta - version) * M:
+                    return True
+            return False
 
     # ------------------------------------------------------------------ events
     def _grow(self, version: int) -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import random
 import signal
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from mindspeed_asp.errors import ConfigError, InputError, OutputError
 from mindspeed_asp.policy import LagPolicy
@@ -168,6 +166,7 @@ def test_window_planner_round_trip_cuts_the_rollout_log_to_the_checkpoint(tmp_pa
 # --------------------------------------------------------------------------------------------- files and RNG
 class FakeTrainer:
     def save_checkpoint(self, path):
+        torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
         torch.save({"weights": torch.zeros(3)}, path)  # the archive format the real trainer writes
         return str(path)
 

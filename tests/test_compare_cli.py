@@ -71,7 +71,7 @@ def test_compare_table_ratios_and_cli(tmp_path, capsys):
     fake_run(tmp_path, "stock", "stock", 10.0, 1.0)
     fake_run(tmp_path, "asp", "asp", 5.0, 4.0)
     table, runs = compare_runs([tmp_path / "stock", tmp_path / "asp"])
-    asp_line = [l for l in table.splitlines() if l.startswith("asp ")][0]
+    asp_line = [x for x in table.splitlines() if x.startswith("asp ")][0]
     # e2e_tps doubles and iteration time halves against the first run
     assert "(x2.00)" in asp_line.split()[3] and asp_line.count("(x2.00)") >= 2
     assert runs[1]["mode"] == "asp"

@@ -85,5 +85,6 @@ def test_the_module_prints_shell_variables(tmp_path, capsys):
     assert rc == 0 and f"ASP_COMPOSED_CONFIG={tmp_path / 'qwen3_8b_A3_asp.yaml'}" in out
     assert "ASP_HYDRA_ARGS=(hydra.run.dir=/h)" in out
     assert load_topology(str(tmp_path / "qwen3_8b_A3_asp.yaml")).asp.max_lag == 2
-    rc = lc.main([str(ROOT / "configs" / "qwen3_8b_A3_asp.yaml"), str(tmp_path), "--msrl-root", str(MSRL), "--", "oops"])
+    config = str(ROOT / "configs" / "qwen3_8b_A3_asp.yaml")
+    rc = lc.main([config, str(tmp_path), "--msrl-root", str(MSRL), "--", "oops"])
     assert rc == 2 and "'oops' is not a Hydra override" in capsys.readouterr().err

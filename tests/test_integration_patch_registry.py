@@ -199,7 +199,8 @@ def test_liveness_names_every_reverted_target_and_accepts_stacked_wrappers(pkg):
         def feature(*a):
             return mine(*a)
         core.double = feature
-        core.Worker.rows = functools.wraps(core.Worker.rows)(lambda self, k: installed["asp_patch_target.core.Worker.rows"](self, k))
+        rows = installed["asp_patch_target.core.Worker.rows"]
+        core.Worker.rows = functools.wraps(core.Worker.rows)(lambda self, k: rows(self, k))
         assert reverted_targets(installed) == {}
         # A repatch puts the stock method back, and a module attribute is replaced by something else.
         core.Worker.rows = stock_rows

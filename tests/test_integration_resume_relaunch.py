@@ -4,6 +4,7 @@ that state (finetune: true restarts at iteration 0 and plan window 0; no_load_op
 from __future__ import annotations
 
 import json
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -15,6 +16,8 @@ from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.integrations.mindspeed_rl.resume_state import (check_resume_settings, latest_iteration,
                                                                   resumable_iteration, state_path)
 
+needs_hydra = pytest.mark.skipif(importlib.util.find_spec("hydra") is None,
+                                 reason="the launchers compose configs with Hydra: pip install mindspeed-asp[contract]")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -67,6 +70,7 @@ def _prepare(tmp_path, *overrides, **env_extra):
     return msrl, composed["actor_config"], out
 
 
+@needs_hydra
 def test_the_first_launch_runs_the_shipped_settings(tmp_path):
     _, actor, out = _prepare(tmp_path)
     assert (actor["load"], actor["save"], actor["finetune"], actor["no_load_optim"]) == \
@@ -74,6 +78,7 @@ def test_the_first_launch_runs_the_shipped_settings(tmp_path):
     assert "RESUME=0" in out.stdout
 
 
+@needs_hydra
 def test_a_relaunch_resumes_from_the_save_directory(tmp_path):
     from test_integration_scripts import fake_msrl
     _checkpoint(fake_msrl(tmp_path) / "ckpt_asp", 100)  # what the first launch saved (relative to the entry's cwd)

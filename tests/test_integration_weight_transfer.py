@@ -92,7 +92,7 @@ def _member(rank: int, port: int, q) -> None:
                 previous = got
             rx.close()
         q.put(("communicators", rank, count[0]))
-    except Exception as exc:  # surface anything unexpected to the test
+    except Exception as exc:  # noqa: BLE001 - surface anything unexpected to the test
         q.put(("crash", rank, repr(exc)))
 
 
@@ -158,7 +158,7 @@ def _in_thread(fn):
     def run():
         try:
             box["value"] = fn()
-        except BaseException as exc:  # handed to the test
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
             box["error"] = exc
 
     th = threading.Thread(target=run, daemon=True)

@@ -197,7 +197,8 @@ def test_a_shared_iteration_survives_the_file(tmp_path, suffix):
 
     prompts, est = dataset(G=12)
     problems = [PlanningProblem(prompts=prompts.subset(np.arange(lo, lo + 6)),
-                                estimate=est.subset(np.arange(lo, lo + 6)), instances=2, spec=InstanceSpec(slots=8), minibatch=3,
+                                estimate=est.subset(np.arange(lo, lo + 6)), instances=2, spec=InstanceSpec(slots=8),
+                                minibatch=3,
                                 cost=CostModel(a=0.01, b=1e-4, c=1e-7), max_new_tokens=2048) for lo in (0, 6)]
     shared = baselines.plan_shared_desc(problems[0], np.random.default_rng(0))
     pinned = baselines.plan_lpt(problems[1], np.random.default_rng(0))

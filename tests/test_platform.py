@@ -137,7 +137,7 @@ def test_tiny_model_concurrent_creation(tmp_path):
     def make():
         try:
             results.append(ensure_tiny_model(str(tmp_path / "race"), seed=1))
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # noqa: BLE001  pragma: no cover - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=make) for _ in range(2)]

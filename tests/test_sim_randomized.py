@@ -240,7 +240,7 @@ def check_result(res, cl, prob, L, sim):
 
 
 @pytest.mark.parametrize("policy,kv_level,max_lag,rep", CASES,
-                         ids=[f"{p}-kv_{k}-lag{l}-{r}" for p, k, l, r in CASES])
+                         ids=[f"{p}-kv_{k}-lag{lag}-{r}" for p, k, lag, r in CASES])
 def test_random_case_completes_with_invariants(monkeypatch, policy, kv_level, max_lag, rep):
     i = CASES.index((policy, kv_level, max_lag, rep))
     prob, L, planner, sim = make_case(i, policy, kv_level, max_lag)

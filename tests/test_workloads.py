@@ -134,7 +134,8 @@ def test_load_alpaca_errors_name_line(tmp_path, bad, key, match):
 
 def test_load_alpaca_bad_json_names_line(tmp_path):
     path = tmp_path / "a.json"
-    path.write_text('[\n  {"id": "1", "L_t0.0": 1, "L_t0.3": 1, "L_t0.5": 1, "L_t0.7": 1},\n  {"id": "2", "L_t0.0": }\n]\n')
+    path.write_text('[\n  {"id": "1", "L_t0.0": 1, "L_t0.3": 1, "L_t0.5": 1, "L_t0.7": 1},\n'
+                    '  {"id": "2", "L_t0.0": }\n]\n')
     with pytest.raises(InputError, match="invalid JSON") as info:
         load_alpaca(path)
     assert info.value.line == 3

@@ -96,7 +96,8 @@ def handler(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="tiny CPU run: stock vs asp (max_lag 1, 2) on 2 instances, with the comparison",
+    p = subparsers.add_parser("demo",
+                              help="tiny CPU run: stock vs asp (max_lag 1, 2) on 2 instances, with the comparison",
                               description=__doc__)
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--config", help="run config (default: the packaged tiny_cpu.yaml)")

@@ -19,7 +19,7 @@ Conventions:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -272,7 +272,8 @@ def format_table(rows: Dict[str, Dict[str, float]], modes: Dict[str, str]) -> st
             line.append("nan" if v is None or not np.isfinite(v) else fmt.format(v))
         body.append(line)
     widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
-    fmt_row = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    def fmt_row(r: List[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([fmt_row(header), fmt_row(["-" * w for w in widths])] + [fmt_row(r) for r in body])
 
 
@@ -291,6 +292,3 @@ def e2e_line(results: Dict[str, List[SimResult]]) -> str:
         return f"e2e_tps: tokens / (s x {parts[0]} devices) for every row"
     return "e2e_tps: tokens / (s x devices); devices: " + ", ".join(f"{k} {v}" for k, v in seen.items())
 
-
-def with_mode(cfg: SweepConfig, **kw) -> SweepConfig:
-    return replace(cfg, **kw)

@@ -204,13 +204,13 @@ class RolloutInstanceImpl:
             with self._engine_lock:
                 try:
                     self._engine.collective_rpc("asp_close_weight_sync")
-                except Exception:
+                except Exception:  # noqa: BLE001 - best-effort close of an engine being torn down
                     pass
                 shutdown = getattr(self._engine, "shutdown", None)
                 if callable(shutdown):
                     try:
                         shutdown()
-                    except Exception:
+                    except Exception:  # noqa: BLE001 - best-effort shutdown of an engine being torn down
                         pass
             self._engine = None
 
@@ -394,7 +394,7 @@ class RolloutInstanceImpl:
                     self._step_log.append((active, kv, prefill, dt))
                     self._step_count += 1
                 self._collect(outputs, version, dt)
-        except Exception as exc:  # surfaced through status() and drain_finished()
+        except Exception as exc:  # noqa: BLE001 - surfaced through status() and drain_finished()
             import traceback
 
             with self._lock:

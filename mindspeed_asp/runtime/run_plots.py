@@ -80,14 +80,3 @@ def _reward(plt, trace: Dict, path: Path) -> Path:
     ax.set_title(_title(trace, "Reward"), fontsize=8)
     return save_figure(fig, path, dpi=100)
 
-
-def plot_reward_curves(curves: Dict[str, List[float]], path: str | Path, xlabel: str = "trained samples") -> Path:
-    """Several runs' reward curves on one axis (benchmarks: asp max_lag 1/2 against stock)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, ys in curves.items():
-        ax.plot(range(1, len(ys) + 1), ys, label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("mean reward")
-    ax.legend()
-    return save_figure(fig, path, dpi=100)

@@ -203,10 +203,6 @@ class SampleQueue:
         with self._lock:
             return len(self._pending)
 
-    def occupancy_samples(self) -> int:
-        with self._lock:
-            return sum(len(e.group.samples) for e in self._pending.values())
-
     @property
     def stale_total(self) -> int:
         return self.dropped_stale + self.regenerated

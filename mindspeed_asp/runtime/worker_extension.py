@@ -14,7 +14,7 @@ the set of vLLM parameters that `load_weights` filled is checked against the mod
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from mindspeed_asp.errors import WeightSyncError
 from mindspeed_asp.runtime.platform import platform_from_name
@@ -138,6 +138,3 @@ class AspWorkerExtension:
         if self._asp_comm is not None:
             self._asp_comm.close()
             self._asp_comm = None
-
-    def asp_param_names(self) -> List[str]:
-        return [name for name, _ in self._asp_model().named_parameters()]

@@ -385,8 +385,8 @@ def _scoring_spec(problem: PlanningProblem, lengths: np.ndarray) -> PlanningProb
 
 def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Generator,
            lengths: Optional[np.ndarray] = None,
-           train_orders: Optional[List[np.ndarray]] = None) -> Tuple[List[Tuple[float, float, float, float]], float, int,
-                                                          np.ndarray]:
+           train_orders: Optional[List[np.ndarray]] = None
+           ) -> Tuple[List[Tuple[float, float, float, float]], float, int, np.ndarray]:
     """(mean e2e, p90 e2e, mean rollout, mean KV preemptions) of every candidate over sampled scenarios.
 
     Scored with the event simulator (the planner sits above it, docs/design.md section 3) at the problem's

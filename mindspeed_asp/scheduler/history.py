@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -485,10 +485,3 @@ def _check_unique_keys(pid: np.ndarray, epoch: np.ndarray, lines: Optional[np.nd
         raise InputError(f"{prefix}duplicate record for prompt {pid[second]!r} epoch {int(epoch[second])}",
                          path=path, key="prompt_id", **where)
 
-
-def histories_from_epochs(prompt_ids: Sequence[str], epochs: Iterable[Tuple[int, np.ndarray]]) -> LengthHistory:
-    """Build a history from (epoch, [G, n] lengths) pairs for a fixed list of prompt ids."""
-    hist = LengthHistory()
-    for epoch, mat in epochs:
-        hist.add_epoch(prompt_ids, epoch, mat)
-    return hist

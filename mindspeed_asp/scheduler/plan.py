@@ -267,9 +267,6 @@ class DispatchPlan:
     def iteration_of(self, prompt_id: str) -> int:
         return int(self.cols["iteration"][self._lookup(prompt_id)])
 
-    def instance_of(self, prompt_id: str) -> int:
-        return int(self.cols["instance"][self._lookup(prompt_id)])
-
     def predicted(self, prompt_id: str) -> Dict[str, float]:
         i = self._lookup(prompt_id)
         return {"median": float(self.cols["pred_median"][i]), "group_max": float(self.cols["pred_group_max"][i])}

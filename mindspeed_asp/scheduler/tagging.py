@@ -42,10 +42,3 @@ def stratified_minibatches(pred_tokens: np.ndarray, completion: np.ndarray, mini
         tags[members] = np.arange(len(members))
     return tags
 
-
-def arrival_minibatches(completion: np.ndarray, minibatch: int) -> np.ndarray:
-    """Minibatch index of each group when the trainer takes groups in completion order, M at a time."""
-    order = np.argsort(np.asarray(completion, dtype=np.float64), kind="stable")
-    tags = np.empty(len(order), dtype=np.int64)
-    tags[order] = np.arange(len(order)) // max(1, int(minibatch))
-    return tags

@@ -116,7 +116,8 @@ def lower_bounds(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, s
                  scale: float = 1.0, syncs: Optional[int] = None) -> Dict[str, float]:
     """Every lower bound of docs/design.md section 5 that the inputs allow.
 
-    Keys: rollout/{R_LB, work_bound, solo_bound, pair_bound, anchor_bound, kv_work_bound}; steps/LB (sum over instances, needs `orders`);
+    Keys: rollout/{R_LB, work_bound, solo_bound, pair_bound, anchor_bound, kv_work_bound};
+    steps/LB (sum over instances, needs `orders`);
     train/total (sum of tau_k); e2e/stream_LB = max(R_LB + tau_min + sync, A1_LB + sum tau + K*sync) and
     e2e/barrier_LB = R_LB + sum tau + syncs*sync (needs `trainer`). `syncs` is the number of weight syncs of the
     barrier run (default 1: one sync per iteration).

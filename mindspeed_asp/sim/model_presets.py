@@ -18,7 +18,7 @@ KV budget of one instance: (TP * hbm_bytes * mem_util - weight_bytes) / kv_bytes
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from mindspeed_asp.errors import InputError
@@ -174,7 +174,3 @@ def describe(preset: ModelPreset, device: Device, tps: Tuple[int, ...] = (1, 2, 
             preset.train_tokens_per_s, "decode": costs,
             "sources": {"size": preset.size_source, "train": preset.train_source, "device": device.source}}
 
-
-def with_device(device: Device, **kw) -> Device:
-    """A copy of `device` with some values replaced (flags such as --sync-bandwidth)."""
-    return replace(device, **kw)

@@ -84,7 +84,7 @@ def bubble_breakdown(rows: Dict[str, Dict[str, float]], path: str | Path,
     width = 0.8 / len(keys)
     x = np.arange(len(labels))
     for i, k in enumerate(keys):
-        vals = [100.0 * float(rows[l].get(k, np.nan)) for l in labels]
+        vals = [100.0 * float(rows[lab].get(k, np.nan)) for lab in labels]
         ax.bar(x + (i - (len(keys) - 1) / 2) * width, vals, width, label=k)
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)

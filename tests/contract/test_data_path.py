@@ -67,7 +67,7 @@ def test_each_instance_receives_exactly_its_planned_rows_in_plan_order(env):
     from mindspeed_rl.trainer.utils import transfer_dock as td_mod
     from mindspeed_rl.utils.metrics import Metric
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
-        ASP_COLUMNS, ASP_PROMPT_ID, PlanOrderedBatches, build_grpo_wrapper)
+        ASP_COLUMNS, PlanOrderedBatches, build_grpo_wrapper)
 
     def builder(self, prompts_num, n_samples_per_prompt, metrics, max_age, gbs_train, addition_columns=None,
                 reuse_image_embeds=False, dataset_additional_keys=None):  # what DataStrategy.build_grpo does for td

@@ -57,7 +57,8 @@ def _config(tmp_path, plan_path):
         "actor_config": {"tensor_model_parallel_size": 1},
         "rl_config": {"n_samples_per_prompt": N, "guarantee_order": True, "use_integrated_worker": True,
                       "blocking": True, "actor_resource": {"num_npus": 3}},
-        "generate_config": {"infer_tensor_parallel_size": 1, "max_num_seqs": 64, "sampling_config": {"max_tokens": 512}},
+        "generate_config": {"infer_tensor_parallel_size": 1, "max_num_seqs": 64,
+                            "sampling_config": {"max_tokens": 512}},
         "asp": {"mode": "asp", "instances": 3, "slots": 16, "minibatch_groups": GBS, "max_lag": 1,
                 "plan_path": str(plan_path)},
     }

@@ -165,10 +165,11 @@ def test_get_vllm_dp_rank_is_static_and_returns_rank_and_size(msrl_src):
 def test_generate_path_pulls_exact_chunks_from_get_dp_range_indexes(msrl_src):
     """The row contract the plan relies on: guarantee_order pops whole chunks, and the sync generate path
     indexes one prompt per n rows, so every chunk must hold exactly actor_rollout_dispatch_size rows."""
-    gen = ast.unparse(find(msrl_src, "mindspeed_rl.workers.actor_hybrid_worker.ActorHybridWorkerBase.generate_sequences"))
+    base = "mindspeed_rl.workers.actor_hybrid_worker.ActorHybridWorkerBase"
+    gen = ast.unparse(find(msrl_src, f"{base}.generate_sequences"))
     assert "self.get_dp_range_indexes(experience_count, use_vllm=True) if self.rl_config.guarantee_order" in gen
     assert "sorted_indexes.pop(0) if self.rl_config.guarantee_order" in gen
-    sync = ast.unparse(find(msrl_src, "mindspeed_rl.workers.actor_hybrid_worker.ActorHybridWorkerBase.sync_generate_process"))
+    sync = ast.unparse(find(msrl_src, f"{base}.sync_generate_process"))
     assert "range(0, experience_count, self.rl_config.n_samples_per_prompt)" in sync
     consumed = ast.unparse(find(msrl_src, "mindspeed_rl.workers.base_worker.BaseWorker.all_consumed"))
     assert "self.rl_config.guarantee_order and (not sorted_indexes)" in consumed
@@ -271,7 +272,8 @@ def test_config_keys_exist_in_mindspeed_rl_config_classes(msrl_src, config):
     keys = set(data["megatron_training"]) | set(data["actor_config"])
     known = meg | set(base["megatron_training"]) | set(base["actor_config"])  # e.g. `model`, read by the loader
     assert not keys - known, keys - known
-    added = (set(data["rl_config"]) - set(base["rl_config"])) | (set(data["generate_config"]) - set(base["generate_config"]))
+    added = ((set(data["rl_config"]) - set(base["rl_config"]))
+             | (set(data["generate_config"]) - set(base["generate_config"])))
     assert added <= rl | gen  # everything ASP adds to MindSpeed-RL's sections is a declared attribute
     sampling = find(msrl_src, "mindspeed_rl.config_cls.generate_config.GenerateConfig.__init__")
     sampling_keys = {k.value for n in ast.walk(sampling) if isinstance(n, ast.Dict)

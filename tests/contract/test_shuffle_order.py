@@ -50,7 +50,8 @@ def _plan_and_config(tmp_path, dataset, no_shuffle):
         "actor_config": {"tensor_model_parallel_size": 1},
         "rl_config": {"n_samples_per_prompt": N, "guarantee_order": True, "use_integrated_worker": True,
                       "blocking": True, "actor_resource": {"num_npus": M}},
-        "generate_config": {"infer_tensor_parallel_size": 1, "max_num_seqs": 64, "sampling_config": {"max_tokens": 512}},
+        "generate_config": {"infer_tensor_parallel_size": 1, "max_num_seqs": 64,
+                            "sampling_config": {"max_tokens": 512}},
         "asp": {"mode": "asp", "instances": M, "slots": 16, "minibatch_groups": GBS, "max_lag": 1,
                 "plan_path": str(tmp_path / "plan.parquet")},
     }

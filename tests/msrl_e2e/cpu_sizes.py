@@ -44,9 +44,15 @@ SIZES: Tuple[Tuple[str, str, str], ...] = (
 )
 
 
+def _hydra_value(v: object) -> str:
+    """A value in Hydra's override grammar (strings quoted, booleans lower-case)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    return json.dumps(v) if isinstance(v, str) else str(v)
+
+
 def overrides(*, tokenizer: str, data: str, work: str, extra: Tuple[str, ...] = ()) -> List[str]:
     """The size overrides filled with the tier's paths, then `extra` (a test's own launch-line overrides)."""
-    model = "{" + ",".join(f"{k}:{json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else v}"
-                           for k, v in MODEL_SECTION["tiny"].items()) + "}"
+    model = "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in MODEL_SECTION["tiny"].items()) + "}"
     fill: Dict[str, str] = {"model": model, "tokenizer": tokenizer, "data": data, "work": work}
     return [f"{key}={value.format(**fill)}" for key, value, _ in SIZES] + list(extra)

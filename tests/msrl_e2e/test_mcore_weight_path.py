@@ -217,7 +217,7 @@ def _rank_main(rank: int, world: int, tp: int, pp: int, port: int, model_dir: st
     try:
         res = _run_rank(rank, world, tp, pp, port, model_dir, msrl_src)
         out.write_text(json.dumps(res))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a rank's failure of any kind goes to its record
         out.write_text(json.dumps({"rank": rank, "error": traceback.format_exc()[-4000:]}))
         sys.stdout.flush()
         os._exit(1)
@@ -244,7 +244,7 @@ def run_topology(tp: int, pp: int, model_dir: str, msrl_src: str, out_dir: Path)
             if time.time() > deadline:
                 failure = f"TP{tp}xPP{pp} ran past {SPAWN_TIMEOUT_S} s"
                 break
-    except Exception as exc:  # a rank exited non-zero: its record says why
+    except Exception as exc:  # noqa: BLE001 - a rank exited non-zero: its record says why
         failure = f"{type(exc).__name__}: {str(exc)[:500]}"
     finally:
         for proc in ctx.processes:

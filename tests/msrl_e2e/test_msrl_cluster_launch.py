@@ -144,7 +144,8 @@ def cluster_run(tmp_path_factory: Any) -> Dict[str, Any]:
             _stop(node1)
     text = {r: p.read_text(errors="replace") for r, p in logs.items()}
     assert head.returncode == 0, text[0][-6000:] + "\n--- node 1:\n" + text[1][-3000:]
-    return {"work": work, "logs": text, "workers": _worker_output(ray_tmp, work / "worker_output.log"), "late_by": late_by, "took": took,
+    return {"work": work, "logs": text, "workers": _worker_output(ray_tmp, work / "worker_output.log"),
+            "late_by": late_by, "took": took,
             "train_log": (work / "node0" / "train.log").read_text(errors="replace"),
             "audit": [json.loads(x) for x in (work / "asp_audit.jsonl").read_text().splitlines()]}
 

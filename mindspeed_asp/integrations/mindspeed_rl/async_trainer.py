@@ -128,7 +128,8 @@ def iteration_metrics(groups: Sequence[GroupResult], lags: Sequence[int], max_la
     tokens = sum(s.prompt_tokens + s.response_tokens for s in spans)
     return {
         "lag/mean": ls["lag/mean"], "lag/p99": ls["lag/p99"], "lag/max": ls["lag/max"],
-        "lag/frac_over_bound": ls["lag/frac_over_bound"], TOKEN_LAG_KEY: token_weighted_lag(lags, [len(s.token_ids) for g in groups for s in g.samples]),
+        "lag/frac_over_bound": ls["lag/frac_over_bound"],
+        TOKEN_LAG_KEY: token_weighted_lag(lags, [len(s.token_ids) for g in groups for s in g.samples]),
         "bubble/skewness": sk["skew"], "bubble/after90": sk["after90"],
         "bubble/sorting": wait_s / t_iter if t_iter > 0 else 0.0,
         "time/iteration": t_iter, "time/rollout": rollout_span(groups), "time/weight_sync": sync_s,
@@ -220,7 +221,7 @@ def probe_prompt(tokenizer: Any, vocab_limit: Optional[int] = None) -> List[int]
     ids: List[int] = []
     try:
         ids = [int(t) for t in list(tokenizer.tokenize(WEIGHT_PROBE_TEXT))]
-    except Exception:  # a tokenizer without `tokenize`: fixed ids below the vocabulary size
+    except Exception:  # noqa: BLE001 - a tokenizer without `tokenize`: fixed ids below the vocabulary size
         ids = []
     if len(ids) < 4:
         vocab = int(vocab_limit or getattr(tokenizer, "vocab_size", 0) or 1000)
@@ -346,7 +347,8 @@ def asp_push_weights(worker: Any, version: int, readback: Sequence[str] = READBA
     return out
 
 
-def asp_probe_log_probs(worker: Any, sequences: Sequence[Sequence[int]], prompt_len: int) -> Optional[List[List[float]]]:
+def asp_probe_log_probs(worker: Any, sequences: Sequence[Sequence[int]],
+                        prompt_len: int) -> Optional[List[List[float]]]:
     """The trainer's side of the weight probe, on every Megatron rank (its TP/PP collectives need them all):
     MindSpeed-RL's own log-prob forward (`actor_hybrid.compute_log_prob`, the stage that computes
     `old_log_prob`) on `sequences` (the probe prompt + each instance's greedy tokens), at temperature 1 (the
@@ -648,7 +650,8 @@ class AsyncFit:
         tol = float(self.asp.weight_probe_tolerance)
         diffs = [compare_probe(f"instance {j} at version {version}", p["tokens"], p["logprobs"], trainer[j], tol)
                  for j, p in enumerate(probe["instances"])]
-        self.last_probe = {"version": float(version), "absdiff_max": max(diffs), "tokens": float(len(sequences[0]) - len(prompt))}
+        self.last_probe = {"version": float(version), "absdiff_max": max(diffs),
+                           "tokens": float(len(sequences[0]) - len(prompt))}
         return {"asp/weight_probe_absdiff": max(diffs), "asp/weight_probe_instances": float(len(diffs))}
 
     # -- data
@@ -831,7 +834,7 @@ def start_instances(m: int, tp: int, place: Callable[[int], InstancePlacement],
             try:
                 ray.get(ref)
                 continue
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure of a rank's start is classified below (port race or not)
                 failure = exc
             if address_in_use(failure) and attempts[j] < port_attempts:
                 for w in workers[j]:  # the other ranks wait at the dead rendezvous: rebuild them all
@@ -939,7 +942,8 @@ def asp_fit(self, data_iters: Any) -> None:
     if iteration > 0:  # MindSpeed-RL resumed from a checkpoint: continue ASP's state of that iteration
         state = read_state(self.actor_worker.megatron_config.load, iteration, run.settings())
     run.start_pool(state)
-    logger.info(f"asp: start-up: {int(run.startup['engines'])} rollout engines built in {run.startup['engines_s']:.1f} s "
+    engines, engines_s = int(run.startup['engines']), run.startup['engines_s']
+    logger.info(f"asp: start-up: {engines} rollout engines built in {engines_s:.1f} s "
                 f"(asp.engine_start_timeout_s {float(topo.asp.engine_start_timeout_s):g} s)")
     logger.info(f"asp: start-up: {int(run.startup['groups'])} weight groups formed in {run.startup['groups_s']:.1f} s "
                 f"(asp.sync_timeout_s {float(topo.asp.sync_timeout_s):g} s)")

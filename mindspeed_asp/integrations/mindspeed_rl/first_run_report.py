@@ -153,7 +153,8 @@ def check_state(save_dir: Optional[str], train_iters: Optional[int]) -> Row:
 
 def evaluate(log: str, iterations: Sequence[Dict[str, Any]], audit: Sequence[Dict[str, Any]],
              b: Bounds, save_dir: Optional[str] = None, train_iters: Optional[int] = None) -> List[Row]:
-    return [check_engines(log, b), check_groups(log), check_sync_bandwidth(audit, b), check_probe(log, iterations, audit, b),
+    return [check_engines(log, b), check_groups(log), check_sync_bandwidth(audit, b),
+            check_probe(log, iterations, audit, b),
             check_lag0(iterations, b), check_patches(log, b), check_memory(iterations, audit, b),
             check_state(save_dir, train_iters)]
 
@@ -161,7 +162,8 @@ def evaluate(log: str, iterations: Sequence[Dict[str, Any]], audit: Sequence[Dic
 def render(rows: Sequence[Row]) -> str:
     widths = [max(len(getattr(r, f)) for r in rows + [Row("check", "status", "value", "bound")])
               for f in ("check", "status", "value", "bound")]
-    line = lambda r: "  ".join(str(v).ljust(w) for v, w in zip((r.check, r.status, r.value, r.bound), widths))
+    def line(r: Row) -> str:
+        return "  ".join(str(v).ljust(w) for v, w in zip((r.check, r.status, r.value, r.bound), widths))
     head = Row("check", "status", "value", "bound")
     return "\n".join([line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 

@@ -143,7 +143,7 @@ class Patch:
                     if getattr(mod, attr, None) is self.original:
                         setattr(mod, attr, final)
                         self.rebound.append((mod, attr))
-                except Exception:  # lazy modules may raise on getattr
+                except Exception:  # noqa: BLE001 - lazy modules may raise on getattr
                     continue
         self.applied = final
 
@@ -198,11 +198,6 @@ class PatchRegistry:
         for patch in self.patches_info.values():
             patch.remove()
         self.patches_info.clear()
-
-    def is_applied(self, orig_func_name: str) -> bool:
-        p = self.patches_info.get(orig_func_name)
-        return p is not None and p.applied is not None
-
 
 _REGISTRY = PatchRegistry()
 

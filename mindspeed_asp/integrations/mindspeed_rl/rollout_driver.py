@@ -120,7 +120,7 @@ class RolloutDriver:
         for ref in ready:
             try:
                 ray.get(ref)
-            except Exception as exc:  # the actor is gone (ActorDiedError) or its process is broken
+            except Exception as exc:  # noqa: BLE001 - the actor is gone (ActorDiedError) or its process is broken
                 j, k = refs[ref]
                 self._on_dead(j, exc, [k])
         silent = sorted({refs[ref] for ref in refs if ref not in ready})
@@ -315,7 +315,7 @@ class RolloutDriver:
                         continue
                     try:
                         ray.get(ref)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - any failed rank counts as dead; the cause is reported
                         failed.append(k)
                         cause = cause or exc
                 if failed:

@@ -298,12 +298,6 @@ class RolloutWorker:
         return {n: float(tensor_checksum(params[n].detach())) for n in names if n in params}
 
 
-def rollout_actor_class(num_npus_per_worker: float = 1.0) -> Any:
-    """The Ray actor class of RolloutWorker on Ascend (one NPU per TP rank)."""
-    import ray
-    return ray.remote(resources={"NPU": num_npus_per_worker}, num_cpus=1)(RolloutWorker)
-
-
 def instance_env(instance: int, tp_rank: int, tp: int, master_addr: str, master_port: int) -> Dict[str, str]:
     """torch.distributed env of one instance's SPMD world (vLLM's external_launcher reads it)."""
     return {"WORLD_SIZE": str(tp), "RANK": str(tp_rank), "MASTER_ADDR": master_addr,
