@@ -137,3 +137,27 @@ def test_trainer_objective_keys_default_to_decoupled_and_override():
     assert RunConfig().trainer.objective == "decoupled"  # the file states the code defaults
     cfg = load_run_config(TINY, ["trainer.objective=standard", "trainer.iw_cap=3", "trainer.iw_mode=sequence"])
     assert (cfg.trainer.objective, cfg.trainer.iw_cap, cfg.trainer.iw_mode) == ("standard", 3.0, "sequence")
+
+
+def test_the_shipped_tiny_model_lives_in_the_cache_not_the_working_directory(tmp_path, monkeypatch):
+    """A run started from any directory builds (or reuses) the tiny model in the stated cache, one per weight seed,
+    and writes nothing derived into the directory it was started from."""
+    pytest.importorskip("transformers", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
+    from mindspeed_asp.runtime.tiny_model import default_cache_dir, ensure_tiny_model
+
+    cfg = load_run_config(packaged_config_path())
+    assert cfg.model.tiny and cfg.model.path is None
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("ASP_CACHE_DIR", str(tmp_path / "cache"))
+    built = ensure_tiny_model(cfg.model.path, seed=cfg.model.init_seed)
+    assert Path(built) == default_cache_dir(0) == tmp_path / "cache" / "tiny-qwen2"
+    assert default_cache_dir(3) == tmp_path / "cache" / "tiny-qwen2-seed3"
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_model_that_is_not_tiny_needs_its_path():
+    with pytest.raises(ConfigError, match="model.path must name the HF model directory") as err:
+        load_run_config(packaged_config_path(), ["model.tiny=false"])
+    assert err.value.key == "model.path"

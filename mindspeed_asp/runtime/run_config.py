@@ -27,7 +27,8 @@ DEFAULT_CPU_SLOTS = 8
 class ModelSection(Strict):
     """Which causal LM the instances serve and the trainer updates."""
 
-    path: str = Field("runs/tiny_model", description="HF model directory; created when tiny=true and absent")
+    path: Optional[str] = Field(None, description="HF model directory; with tiny=true and no path, the tiny model "
+                                "in the cache (ASP_CACHE_DIR, else ~/.cache/mindspeed_asp), never the working dir")
     tiny: bool = Field(True, description="build the random-initialised tiny Qwen2 model at `path` if missing")
     init_seed: int = Field(0, description="seed of the tiny model's random weights (fixed across run seeds)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -143,6 +144,9 @@ def validate_semantics(cfg: RunConfig, path: str, devices: Optional[int] = None)
     if cfg.data.max_new_tokens >= cfg.model.max_model_len:
         raise ConfigError(f"max_new_tokens={cfg.data.max_new_tokens} leaves no room for the prompt in "
                           f"max_model_len={cfg.model.max_model_len}", path=path, key="data.max_new_tokens")
+    if not cfg.model.tiny and not cfg.model.path:
+        raise ConfigError("model.tiny is false, so model.path must name the HF model directory to train",
+                          path=path, key="model.path")
     if cfg.run.stall_timeout_s >= cfg.run.step_timeout_s:
         raise ConfigError(f"run.stall_timeout_s={cfg.run.stall_timeout_s:g} must be below run.step_timeout_s="
                           f"{cfg.run.step_timeout_s:g}: else the run gives up before a hung instance is dropped",

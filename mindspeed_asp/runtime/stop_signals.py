@@ -8,16 +8,21 @@ raises `RunAborted` wherever the driver is (the checkpoint write is atomic, so t
 stays), and later signals are ignored so the shutdown of Ray's processes is not cut short itself.
 
 Before the run loop starts (`arm()`), there is nothing to save and instance start-up can take minutes, so
-the first signal raises `RunInterrupted` at once. Handlers are installed only in the main thread (Python
-delivers signals there) and the previous ones (Ray's) are put back by `restore()`.
+the first signal raises `RunInterrupted` at once, except inside `shielded()`: starting Ray (`ray.init`) must not
+be cut in half (an exception raised into it leaves its C++ threads half started, and the process then dies with
+a segfault at exit; `ray.init` also installs its own SIGTERM handler, `sys.exit`, first thing). Inside the shield
+a signal is recorded, Ray's handler is kept out, and `RunInterrupted` is raised when the block has finished, so
+the caller's clean-up stops a Ray that is whole. Handlers are installed only in the main thread (Python delivers
+signals there) and the previous ones are put back by `restore()`.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -51,6 +56,7 @@ class StopSignals:
         self.requested: Optional[int] = None
         self.armed = False
         self.aborted = False
+        self.shielding = False
         self._previous: Dict[int, Any] = {}
 
     @property
@@ -74,6 +80,25 @@ class StopSignals:
             signal.signal(s, prev if prev is not None else signal.SIG_DFL)
         self._previous = {}
 
+    @contextlib.contextmanager
+    def shielded(self) -> Iterator[None]:
+        """Run a block that must not be interrupted halfway (starting Ray); a stop signal that arrives inside is
+        honoured when the block has finished. Ray's own SIGTERM handler is not installed meanwhile."""
+        self.shielding = True  # first: importing Ray below takes a while too
+        patched = None
+        try:
+            patched = _keep_ray_sigterm_handler_out()
+            yield
+        finally:
+            self.shielding = False
+            if patched is not None:
+                patched()
+            self.install()  # whatever the block put in place of ours
+        if self.requested is not None and not self.armed and not self.aborted:
+            self.aborted = True
+            self._say(f"asp: {self.requested_name} during start-up: stopping (nothing trained yet)")
+            raise RunInterrupted(self.requested)
+
     def arm(self) -> None:
         """From now on the first signal waits for a safe point instead of raising."""
         self.armed = True
@@ -88,6 +113,9 @@ class StopSignals:
             return  # already unwinding: let the shutdown of Ray's processes finish
         if self.requested is None:
             self.requested = signum
+            if self.shielding and not self.armed:
+                self._say(f"asp: {name} while Ray starts: stopping once it is up (to shut it down whole)")
+                return
             if not self.armed:
                 self.aborted = True
                 self._say(f"asp: {name} during start-up: stopping (nothing trained yet)")
@@ -98,3 +126,22 @@ class StopSignals:
         self.aborted = True
         self._say(f"asp: second {name}: aborting now; the run resumes from its last checkpoint")
         raise RunAborted(signum)
+
+
+def _keep_ray_sigterm_handler_out() -> Optional[Any]:
+    """Make `ray.init`'s SIGTERM handler installation a no-op; returns the function that undoes it (None when
+    Ray is not installed)."""
+    try:
+        import ray._private.utils as ray_utils
+    except ImportError:
+        return None
+    original = ray_utils.set_sigterm_handler
+
+    def keep_ours(handler: Any) -> None:
+        """`ray.init` would install `sys.exit` for SIGTERM: the run's own handler stays."""
+
+    ray_utils.set_sigterm_handler = keep_ours
+
+    def undo() -> None:
+        ray_utils.set_sigterm_handler = original
+    return undo

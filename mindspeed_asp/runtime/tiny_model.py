@@ -37,10 +37,11 @@ DEFAULT_SHAPE: Dict[str, Any] = {
 _MARKER = "asp_tiny_model.json"
 
 
-def default_cache_dir() -> Path:
-    """Where the tiny model lives unless a directory is given (ASP_CACHE_DIR overrides ~/.cache)."""
+def default_cache_dir(seed: int = 0) -> Path:
+    """Where the tiny model lives unless a directory is given (ASP_CACHE_DIR overrides ~/.cache): one directory
+    per weight seed, so runs with different `model.init_seed` never rebuild each other's model."""
     root = os.environ.get("ASP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "mindspeed_asp")
-    return Path(root) / "tiny-qwen2"
+    return Path(root) / ("tiny-qwen2" if int(seed) == 0 else f"tiny-qwen2-seed{int(seed)}")
 
 
 def ensure_tiny_model(path: Optional[str] = None, seed: int = 0, **shape: Any) -> str:
@@ -56,7 +57,7 @@ def ensure_tiny_model(path: Optional[str] = None, seed: int = 0, **shape: Any) -
     spec = dict(DEFAULT_SHAPE, **shape)
     if spec["head_dim"] < 32:
         raise ValueError("head_dim must be >= 32 (vLLM's CPU attention supports 32, 64, 80, ...)")
-    target = Path(path) if path else default_cache_dir()
+    target = Path(path) if path else default_cache_dir(seed)
     wanted = {"seed": seed, "shape": spec, "format": 1}
     target.parent.mkdir(parents=True, exist_ok=True)
     # One writer at a time (tests, the demo and instances may ask at once); the others then reuse it.
