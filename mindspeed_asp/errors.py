@@ -50,3 +50,12 @@ class WeightSyncTimeout(WeightSyncError):
 
 class RunError(AspError):
     """A run could not continue (instances failed to start, every instance died, a step timed out)."""
+
+
+class CheckpointError(RunError):
+    """A run's checkpoint could not be written (a full disk, a quota, a refused write): the message names the
+    checkpoint's path, and the previous checkpoint stays whole for `asp train --resume`."""
+
+    def __init__(self, message: str, path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from mindspeed_asp.errors import RunError
+from mindspeed_asp.errors import InputError, RunError
 from mindspeed_asp.run_report import StartupProgress
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
 from mindspeed_asp.metrics import e2e_tps, split_devices
@@ -197,9 +197,9 @@ class Driver:
                                          rollout_log=self.out / "rollout_log.jsonl", seed=cfg.run.seed)
         resumed = None
         if self.resume_dir is not None:
-            from mindspeed_asp.runtime.checkpoint import read_state
+            from mindspeed_asp.runtime.checkpoint import load_state
 
-            resumed = read_state(self.resume_dir)
+            resumed = load_state(self.resume_dir)  # hashes verified, keys and types checked
             self._restore(resumed)
         if self.manage_ray:
             self.ray_session.platform = self.platform
@@ -232,10 +232,15 @@ class Driver:
             self.pool.sync(0, self.trainer.named_weights, verify=cfg.run.verify_weights)
         self.pool.warmup(self.prompt_list[0][1], timeout_s=cfg.run.start_timeout_s)
         if resumed is not None:
-            from mindspeed_asp.runtime.checkpoint import set_rng_state
+            from mindspeed_asp.runtime.checkpoint import STATE_FILE, restoring, set_rng_state
 
+            # the run proceeds: only now are the run's files cut back to the checkpoint (rollout log, metrics)
+            if self.planner is not None:
+                with restoring(self.resume_dir / STATE_FILE, "planner"):
+                    self.planner.load_state_dict(resumed["planner"])
             set_rng_state(self.restored_rng)
             self.recorder.continue_clock()
+        self.recorder.open_steps()
 
     def _adopt_pool(self, pool: RolloutPool, resuming: bool) -> None:
         """Take over a started pool: its liveness list becomes the dispatcher's, its events and deaths this
@@ -308,6 +313,9 @@ class Driver:
         The Ray it started (a local one) is stopped afterwards; an existing cluster (`run.ray_address`) is
         only disconnected from, and a Ray this process already had is left as it was.
         """
+        from mindspeed_asp.run_dir import lock_run_dir
+
+        lock = lock_run_dir(self.out)  # before anything is written into it; a second run there is refused
         installed = self.stop.install() if self.handle_signals else False
         try:
             self._setup()
@@ -320,6 +328,7 @@ class Driver:
             self.ray_session.close()
             if installed:
                 self.stop.restore()
+            lock.release()
         return summary
 
     def _loop(self) -> None:
@@ -725,30 +734,43 @@ class Driver:
         self.checkpoint_dir = write_checkpoint(self.out, state, self.trainer)
 
     def _restore(self, state: Dict[str, Any]) -> None:
-        """Put a checkpoint's state into the freshly built policy, dispatcher, queue, recorder and planner
-        (before the instances start). The groups that were in flight go back to the queues."""
+        """Put a checkpoint's state into the freshly built policy, dispatcher, queue and recorder (before the
+        instances start; the planner's, which cuts the rollout log back, at the end of `_setup`). The groups
+        that were in flight go back to the queues. Nothing in the run directory is written here."""
+        from mindspeed_asp.runtime.checkpoint import STATE_FILE, check_rng_state, check_rollout_log, restoring
+
+        where = self.resume_dir / STATE_FILE
         if state["mode"] != self.mode:
             raise RunError(f"checkpoint in {self.resume_dir} is a {state['mode']} run, this one {self.mode}")
-        d = state["driver"]
-        self.version = int(state["version"])
-        self.next_gid, self.window_index = int(d["next_gid"]), int(d["window_index"])
-        self.plan_iteration, self.steals_logged = int(d["plan_iteration"]), int(d["steals_logged"])
-        self.minibatch_tag = {int(g): int(tag) for g, tag in d["minibatch_tag"].items()}
-        self.infos = {int(i["gid"]): _GroupInfo(**i) for i in d["infos"]}
-        self.sync_rounds = list(d["sync_rounds"])
-        self.trained_gids = [int(g) for g in d["trained_gids"]]
-        self.peak_rss = float(d["peak_rss"])
-        self.decode_steps_before = {int(j): int(n) for j, n in d["decode_steps"].items()}
-        self.resumes = list(d["resumes"])
-        self.policy.load_state_dict(state["policy"])
-        self.dispatcher.load_state_dict(state["dispatcher"])
-        regenerate = self.dispatcher.abandon_in_flight()
-        self.queue.load_state_dict(state["queue"])
-        self.results_by_gid = {e["group"].group_id.gid: e["group"] for e in state["queue"]["pending"]}
-        self.recorder.load_state_dict(state["recorder"])
-        self.spans = {g.gid: g for g in self.recorder.groups}  # the latest span of each group
+        with restoring(where, "driver"):
+            d = state["driver"]
+            self.version = int(state["version"])
+            self.next_gid, self.window_index = int(d["next_gid"]), int(d["window_index"])
+            self.plan_iteration, self.steals_logged = int(d["plan_iteration"]), int(d["steals_logged"])
+            self.minibatch_tag = {int(g): int(tag) for g, tag in d["minibatch_tag"].items()}
+            self.infos = {int(i["gid"]): _GroupInfo(**i) for i in d["infos"]}
+            self.sync_rounds = list(d["sync_rounds"])
+            self.trained_gids = [int(g) for g in d["trained_gids"]]
+            self.peak_rss = float(d["peak_rss"])
+            self.decode_steps_before = {int(j): int(n) for j, n in d["decode_steps"].items()}
+            self.resumes = list(d["resumes"])
+        with restoring(where, "policy"):
+            self.policy.load_state_dict(state["policy"])
+        with restoring(where, "dispatcher"):
+            self.dispatcher.load_state_dict(state["dispatcher"])
+            regenerate = self.dispatcher.abandon_in_flight()
+        with restoring(where, "queue"):
+            self.queue.load_state_dict(state["queue"])
+            self.results_by_gid = {e["group"].group_id.gid: e["group"] for e in state["queue"]["pending"]}
+        with restoring(where, "recorder"):
+            self.recorder.load_state_dict(state["recorder"], defer_files=True)  # metrics.jsonl: open_steps
+            self.spans = {g.gid: g for g in self.recorder.groups}  # the latest span of each group
         if self.planner is not None:
-            self.planner.load_state_dict(state["planner"])
+            if not isinstance(state["planner"], dict):
+                raise InputError("an asp run's checkpoint needs a planner section", path=str(where), key="planner")
+            check_rollout_log(self.planner.rollout_log, state["planner"], where)
+        with restoring(where, "rng"):
+            check_rng_state(state["rng"])
         self.restored_rng = state["rng"]
         self.resumes.append({"from_version": self.version, "regenerate": len(regenerate),
                              "kept": self.queue.occupancy(), "checkpoint": self.resume_dir.name})

@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
@@ -76,7 +76,11 @@ class RunRecorder:
             self.devices = split_devices(self.instances, 1, DEFAULT_TRAINER_DEVICES)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = self.clock()
-        self._steps_fh = open(self.out_dir / STEPS_FILE, "w")
+        # metrics.jsonl is opened by `open_steps` (the first step at the latest), never here: a resume refused
+        # after the recorder was built must leave the run's steps as they are
+        self._steps_fh: Optional[TextIO] = None
+        self._steps_opened = False  # opened once already: a reopening appends
+        self._rewrite_steps = False  # resumed: the file is first rewritten to the checkpoint's steps
         self._resumed_at: Optional[Tuple[float, int]] = None  # (checkpoint time, events before the resume)
 
     def now(self) -> float:
@@ -105,11 +109,27 @@ class RunRecorder:
         if len(lags):
             rec.update({"lag/mean": float(lags.mean()), "lag/max": int(lags.max())})
         self.steps.append(rec)
+        self.open_steps()
         self._steps_fh.write(json.dumps(_clean(rec)) + "\n")
         self._steps_fh.flush()
 
+    def open_steps(self) -> None:
+        """Open metrics.jsonl for this run's steps, once the run is known to proceed (the driver calls it at
+        the end of its set-up; `log_step` at the latest). A new run starts the file; a resumed one first
+        rewrites it to hold exactly the checkpoint's steps (lines a crash left after the checkpoint go), then
+        appends."""
+        if self._steps_fh is not None and not self._steps_fh.closed:
+            return
+        path = self.out_dir / STEPS_FILE
+        mode = "a" if self._steps_opened else "w"
+        if self._rewrite_steps:
+            write_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in self.steps))  # atomic
+            self._rewrite_steps, mode = False, "a"
+        self._steps_fh = open(path, mode)
+        self._steps_opened = True
+
     def close(self) -> None:
-        if not self._steps_fh.closed:
+        if self._steps_fh is not None and not self._steps_fh.closed:
             self._steps_fh.close()
 
     # ---------------------------------------------------------------- checkpoint
@@ -119,9 +139,12 @@ class RunRecorder:
                        "queue_trace": self.queue_trace, "trainer_idle": self.trainer_idle, "steps": self.steps,
                        "lags": self.lags, "decode_steps": self.decode_steps, "events": self.events})
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Dict[str, Any], defer_files: bool = False) -> None:
         """Continue a checkpointed run: its records come back, metrics.jsonl is rewritten to hold exactly its
-        steps (lines a crash left after the checkpoint go), and the clock goes on from `elapsed`."""
+        steps (lines a crash left after the checkpoint go), and the clock goes on from `elapsed`.
+
+        `defer_files`: the file is left as it is until `open_steps` (the driver's choice: the rest of the
+        checkpoint is checked first, and a refused resume must not have touched the run's files)."""
         self.groups = [GroupSpan(**g) for g in state["groups"]]
         self.queue_trace = [(float(t), int(q)) for t, q in state["queue_trace"]]
         self.trainer_idle = [(float(a), float(b)) for a, b in state["trainer_idle"]]
@@ -129,11 +152,13 @@ class RunRecorder:
         self.lags = [int(x) for x in state["lags"]]
         self.decode_steps = {int(j): int(n) for j, n in state["decode_steps"].items()}
         self.events = [dict(e) for e in state["events"]]
+        elapsed = float(state["elapsed"])
         self.close()
-        write_text(self.out_dir / STEPS_FILE, "".join(json.dumps(_clean(r)) + "\n" for r in self.steps))
-        self._steps_fh = open(self.out_dir / STEPS_FILE, "a")
-        self._resumed_at = (float(state["elapsed"]), len(self.events))
-        self.t0 = self.clock() - float(state["elapsed"])
+        self._rewrite_steps = True
+        self._resumed_at = (elapsed, len(self.events))
+        self.t0 = self.clock() - elapsed
+        if not defer_files:
+            self.open_steps()
 
     def continue_clock(self) -> None:
         """After a resumed run's start-up: the clock goes on from the checkpoint's time, so the time the run
@@ -230,7 +255,9 @@ class RunRecorder:
 
     # ---------------------------------------------------------------- files
     def write(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """Write summary.json and trace.json; returns the summary."""
+        """Write summary.json and trace.json (and metrics.jsonl, if no step has opened it yet); returns the
+        summary."""
+        self.open_steps()
         self.close()
         summary = self.summary(extra)
         write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2, sort_keys=True))  # atomic

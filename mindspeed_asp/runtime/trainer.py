@@ -372,8 +372,13 @@ class GRPOTrainer:
             if not path.is_file():
                 raise FileNotFoundError(f"trainer checkpoint {path} not found")
             state = torch.load(path, map_location="cpu", weights_only=True)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"not a {CHECKPOINT_FORMAT} checkpoint (format={state.get('format')!r})")
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a {CHECKPOINT_FORMAT} checkpoint (format={found!r})")
+        bad = _non_finite(state)
+        if bad is not None:  # refused here, before the weights reach an engine that would fail on them
+            raise ValueError(f"{bad} holds NaN or inf values: the checkpoint was written from a diverged run "
+                             f"or damaged")
         self.model.load_state_dict(state["model"])
         if state.get("ref_model") is not None:
             if self.ref_model is None:
@@ -389,6 +394,29 @@ class GRPOTrainer:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(self.state_dict_for_checkpoint(), tmp)
-        tmp.replace(path)
+        try:
+            torch.save(self.state_dict_for_checkpoint(), tmp)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not stay full of half a checkpoint
+            raise
         return str(path)
+
+
+def _non_finite(state: Dict[str, Any]) -> Optional[str]:
+    """The first floating-point tensor of a trainer checkpoint (model, reference model, optimizer moments)
+    holding NaN or inf, named as 'section tensor NAME (k of n values)'; None when all are finite."""
+    def tensors(section: str, obj: Any, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor]]:
+        if isinstance(obj, torch.Tensor):
+            yield f"{section} tensor {prefix or '?'}", obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from tensors(section, v, f"{prefix}.{k}" if prefix else str(k))
+
+    for section in ("model", "ref_model", "optimizer"):
+        for name, t in tensors(section, state.get(section)):
+            if t.is_floating_point():
+                bad = int((~torch.isfinite(t)).sum())
+                if bad:
+                    return f"{name} ({bad} of {t.numel()} values)"
+    return None
