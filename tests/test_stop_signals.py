@@ -98,3 +98,16 @@ def test_a_signal_while_ray_starts_stops_the_run_cleanly(tmp_path, sig, delay):
     left = subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True, text=True).stdout.split()
     assert not left, f"Ray processes of this run still alive: {left}"
     assert Path(ray_tmp).is_dir()
+
+
+def test_a_stop_requested_by_the_run_waits_for_the_safe_point_and_says_why():
+    import threading
+
+    stop = StopSignals(announce=False)
+    stop.arm()
+    t = threading.Thread(target=stop.request_stop, args=("Ray's GCS (pid 7) exited with code -9",))
+    t.start()
+    t.join()
+    assert stop.requested == signal.SIGTERM and stop.reason.startswith("Ray's GCS") and not stop.aborted
+    stop.request_stop("a second reason")  # the first one stands
+    assert stop.reason.startswith("Ray's GCS")

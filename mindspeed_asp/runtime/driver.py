@@ -203,9 +203,14 @@ class Driver:
             self._restore(resumed)
         if self.manage_ray:
             self.ray_session.platform = self.platform
-            self.ray_session.open()
             if self.handle_signals:
-                self.stop.install()  # ray.init put its own SIGTERM handler in place of ours
+                with self.stop.shielded():  # a signal while Ray starts is honoured once Ray is whole
+                    self.ray_session.open()
+            else:
+                self.ray_session.open()
+        # Ray ends a driver whose GCS is gone about 60 s later, from C++: seen first, the run stops at its next
+        # safe point with a checkpoint and a summary, as after a SIGTERM
+        self.ray_session.watch(self.stop.request_stop)
         if self.shared_pool is not None:
             self._adopt_pool(self.shared_pool, resumed is not None)
         else:
@@ -684,6 +689,7 @@ class Driver:
             **self.queue.counters(),
             # a run stopped by SIGINT/SIGTERM before run.steps: partial, resumable from its checkpoint
             "interrupted": self.version < self.cfg.run.steps, "stop_signal": self.stop.requested_name,
+            "stop_reason": self.stop.reason,
             "steps_planned": self.cfg.run.steps, "resumes": self.resumes,
             "checkpoint": None if self.checkpoint_dir is None else {"dir": str(self.checkpoint_dir),
                                                                   "version": self.version},
@@ -698,6 +704,8 @@ class Driver:
     def _shutdown(self) -> None:
         if self.plan_thread is not None:
             self.plan_thread.shutdown(wait=False, cancel_futures=True)
+        if self.ray_session.lost is not None:
+            self.pool = None  # no GCS to ask: its actors go with Ray's processes (RaySession.close, stop_local_ray)
         if self.pool is not None and not (self.keep_pool and self.stop.requested is None):
             self.pool.shutdown(graceful=not self.stop.aborted)  # a second signal: kill, do not ask
         if self.recorder is not None:

@@ -8,7 +8,9 @@ one compute thread (OMP/MKL/torch) so N instances and a trainer do not fight ove
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+import socket
+import threading
+from typing import Any, Callable, Dict, Optional
 
 from mindspeed_asp.runtime.platform import Platform, current_platform
 
@@ -82,11 +84,29 @@ def start_local_ray(num_cpus: int = 8, object_store_mb: int = 512, platform: Opt
     return {"reused": False, "address": getattr(ctx, "address_info", {}).get("gcs_address")}
 
 
+def local_gcs_lost() -> Optional[str]:
+    """Why the GCS of the Ray this process started is gone (its process exited, with its code); None while it
+    runs, or when this process did not start the Ray it is connected to."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)  # noqa: SLF001 - the processes this driver started
+    for info in (getattr(node, "all_processes", None) or {}).get("gcs_server") or []:
+        code = info.process.poll()
+        if code is not None:
+            return f"Ray's GCS (pid {info.process.pid}) exited with code {code}"
+    return None
+
+
 def stop_local_ray() -> None:
-    """Shut down the Ray this process started (Ray stops only the processes it started)."""
+    """Shut down the Ray this process started (Ray stops only the processes it started). With its GCS gone,
+    the remaining processes (raylet, agents, workers) are killed first: a graceful shutdown would wait for a
+    GCS that no longer answers, and the agents would outlive the run."""
     import ray
 
     if ray.is_initialized():
+        if local_gcs_lost() is not None:
+            ray._private.worker._global_node.kill_all_processes(check_alive=False,  # noqa: SLF001
+                                                                 allow_graceful=False)
         ray.shutdown()
 
 
@@ -120,6 +140,9 @@ class RaySession:
         self.platform = platform
         self.env = dict(env or {})
         self.owned: Optional[str] = None  # "local" or "connection" while this session holds a Ray to release
+        self.lost: Optional[str] = None  # why Ray's GCS is gone, once the watch saw it go
+        self._watch: Optional[threading.Thread] = None
+        self._stop_watch = threading.Event()
 
     @property
     def multi_node(self) -> bool:
@@ -140,10 +163,54 @@ class RaySession:
                             env=self.env)
             self.owned = "local"
 
-    def close(self) -> None:
-        """Release what `open` took: stop the local Ray, or drop the connection to the existing cluster."""
+    def gcs_state(self) -> Optional[str]:
+        """None while Ray's GCS answers; otherwise why not. A local Ray this session started: its GCS process
+        exited (with its code). A cluster: its GCS port no longer accepts connections."""
         import ray
 
-        if self.owned is not None and ray.is_initialized():
-            ray.shutdown()  # for a connection this disconnects; a cluster we did not start keeps running
+        if not ray.is_initialized():
+            return None
+        node = getattr(ray._private.worker, "_global_node", None)  # noqa: SLF001
+        if (getattr(node, "all_processes", None) or {}).get("gcs_server"):  # a Ray this process started
+            return local_gcs_lost()
+        address = str(ray.get_runtime_context().gcs_address)
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+        except OSError as exc:
+            return f"Ray's GCS at {address} does not answer ({exc.strerror or exc})"
+        return None
+
+    def watch(self, on_lost: Callable[[str], None], every_s: float = 2.0) -> None:
+        """Check the GCS every `every_s` seconds in a daemon thread; `on_lost(reason)` once it is gone.
+
+        Why: without its GCS, Ray ends the driver about 60 s later from C++ (no summary, no checkpoint, agents
+        left behind), while the instances' direct calls go on working. Seen in time, the run stops at its next
+        safe point instead, like a SIGTERM, and `close()` stops what is left of a local Ray."""
+        if self._watch is not None:
+            return
+        self._stop_watch.clear()
+
+        def loop() -> None:
+            while not self._stop_watch.wait(every_s):
+                reason = self.gcs_state()
+                if reason is not None:
+                    self.lost = reason
+                    on_lost(reason)
+                    return
+        self._watch = threading.Thread(target=loop, name="asp-gcs-watch", daemon=True)
+        self._watch.start()
+
+    def close(self) -> None:
+        """Release what `open` took: stop the local Ray, or drop the connection to the existing cluster. With
+        the GCS gone, a local Ray's remaining processes (raylet, agents, workers) are killed first: a graceful
+        `ray.shutdown()` would wait for a GCS that no longer answers."""
+        import ray
+
+        self._stop_watch.set()
+        self._watch = None
+        if self.owned == "local":
+            stop_local_ray()
+        elif self.owned is not None and ray.is_initialized():
+            ray.shutdown()  # disconnects; a cluster we did not start keeps running
         self.owned = None

@@ -57,6 +57,7 @@ class StopSignals:
         self.armed = False
         self.aborted = False
         self.shielding = False
+        self.reason: Optional[str] = None  # a stop asked for by the run itself (request_stop), not a signal
         self._previous: Dict[int, Any] = {}
 
     @property
@@ -98,6 +99,15 @@ class StopSignals:
             self.aborted = True
             self._say(f"asp: {self.requested_name} during start-up: stopping (nothing trained yet)")
             raise RunInterrupted(self.requested)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next safe point as a first SIGTERM would (callable from any thread): the run has lost
+        something it cannot go on without (Ray's GCS) but can still write its checkpoint and summary."""
+        if self.requested is None:
+            self.reason = reason
+            self.requested = signal.SIGTERM
+            self._say(f"asp: {reason}: stopping after the current update, then writing a checkpoint, the summary "
+                      f"and the plots")
 
     def arm(self) -> None:
         """From now on the first signal waits for a safe point instead of raising."""
