@@ -282,6 +282,23 @@ def test_a_changed_state_file_is_refused_naming_it(tmp_path):
         ck.load_state(directory)
 
 
+@pytest.mark.parametrize("pointer", ["OTHER", "/abs/ckpt", "..", "."])
+def test_a_pointer_out_of_the_run_is_refused(tmp_path, pointer):
+    """latest.json naming another run's checkpoint (or any path) would resume someone else's state silently."""
+    import json
+
+    other = ck.write_checkpoint(tmp_path / "other_run", {"version": 2, "mode": "async"}, FakeTrainer())
+    run = tmp_path / "run"
+    ck.write_checkpoint(run, {"version": 1, "mode": "async"}, FakeTrainer())
+    latest = run / "checkpoint" / "latest.json"
+    data = json.loads(latest.read_text())
+    # OTHER: a real, complete checkpoint of another run, which the old code resumed without a word
+    data["dir"] = f"../../other_run/checkpoint/{other.name}" if pointer == "OTHER" else pointer
+    latest.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="is not the name of a checkpoint directory of this run"):
+        ck.latest_checkpoint(run)
+
+
 def test_a_checkpoint_without_hashes_loads_with_a_warning(tmp_path, capsys):
     """A checkpoint written before hashes were recorded: found and loaded, with a warning naming what is not
     verified."""

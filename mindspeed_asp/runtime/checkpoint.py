@@ -284,6 +284,10 @@ def _read_pointer(latest: Path, key: Optional[str]) -> Dict[str, Any]:
     if not isinstance(pointer, dict) or not isinstance(pointer.get("dir"), str):
         raise InputError("not a checkpoint pointer (a JSON object with the checkpoint's \"dir\")", path=str(latest),
                          key=key)
+    name = pointer["dir"]
+    if Path(name).name != name or name in ("", ".", ".."):  # another run's checkpoint, or none of this run's
+        raise InputError(f"\"dir\" {name!r} is not the name of a checkpoint directory of this run (a plain name "
+                         f"under {latest.parent}): refusing to resume from elsewhere", path=str(latest), key=key)
     return pointer
 
 
