@@ -10,10 +10,11 @@ import argparse
 import math
 from typing import Callable, Optional
 
-#: Upper bound for counts (instances, slots, prompts, tokens, ...): int32, what the planners' arrays hold.
-MAX_COUNT = 2**31 - 1
-#: Upper bound for seeds (numpy accepts any non-negative integer; this keeps them int64).
-MAX_SEED = 2**63 - 1
+# the bounds (counts, seeds, token lengths) and why they are what they are: mindspeed_asp/limits.py
+from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH, MAX_SEED
+
+__all__ = ["MAX_COUNT", "MAX_LENGTH", "MAX_SEED", "any_float", "bounded_int", "finite_float", "length_float",
+           "length_int", "nonneg_float", "nonneg_int", "positive_float", "positive_int", "seed_int"]
 
 
 def _range_text(lo: Optional[float], hi: Optional[float], lo_open: bool, hi_open: bool) -> str:
@@ -64,6 +65,9 @@ def bounded_int(lo: int = 0, hi: int = MAX_COUNT) -> Callable[[str], int]:
 positive_int = bounded_int(1)
 nonneg_int = bounded_int(0)
 seed_int = bounded_int(0, MAX_SEED)
+#: a token length or generation cap (1 .. MAX_LENGTH tokens)
+length_int = bounded_int(1, MAX_LENGTH)
+length_float = finite_float(0.0, float(MAX_LENGTH), lo_open=True)
 positive_float = finite_float(0.0, lo_open=True)
 nonneg_float = finite_float(0.0)
 any_float = finite_float()

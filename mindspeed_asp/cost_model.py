@@ -24,6 +24,7 @@ import numpy as np
 
 from mindspeed_asp.atomic import write_json
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.limits import short_repr
 from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.textfile import read_text
 from mindspeed_asp.types import CostModel
@@ -134,9 +135,11 @@ def load_step_timings(path: PathLike) -> Dict[str, np.ndarray]:
             if v in (None, ""):
                 raise InputError("missing value", path=str(path), line=lineno, key=k)
             try:
+                if isinstance(v, bool):  # JSON true is not a count or a time
+                    raise TypeError
                 out[k][i] = float(v)
-            except (TypeError, ValueError):
-                raise InputError(f"not a number: {v!r}", path=str(path), line=lineno, key=k) from None
+            except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float's range
+                raise InputError(f"not a number: {short_repr(v)}", path=str(path), line=lineno, key=k) from None
             if not np.isfinite(out[k][i]) or out[k][i] < 0 or (k == "step_time" and out[k][i] <= 0):
                 raise InputError(f"invalid value {v!r}", path=str(path), line=lineno, key=k)
     return out
@@ -176,8 +179,9 @@ def load_cost_json(path: PathLike, key: Optional[str] = None) -> CostModel:
         if k not in data and k != "p":
             raise InputError("missing key", path=str(path), key=k)
         v = data.get(k, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):  # NaN fails too
-            raise InputError(f"must be a finite number >= 0, got {v!r}", path=str(path), key=k)
+        # NaN and inf fail the comparison, and so does an integer beyond float's range (10**400)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e308:
+            raise InputError(f"must be a finite number >= 0, got {short_repr(v)}", path=str(path), key=k)
         vals[k] = float(v)
     return CostModel(source=str(data.get("source", path)), **vals)
 

@@ -31,6 +31,26 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
+def _write_tiny_plans(root: Path) -> None:
+    """Plans for the packaged tiny run's dataset: one built with another minibatch, one with a NaN prediction."""
+    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
+    from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
+
+    cfg = load_run_config(packaged_config_path())
+    _, prompts = task_and_prompts(cfg)
+    est = estimate_lengths(prompts, None, cfg.data.max_new_tokens)
+    window = cfg.asp.replan_every * cfg.asp.minibatch_groups
+    plan = build_plan(prompts, est, instances=cfg.asp.instances, slots=cfg.asp.slots, minibatch=4,
+                      max_new_tokens=cfg.data.max_new_tokens, planner="stock", groups_per_iteration=window,
+                      progress=False).plan
+    plan.save(root / "plan_mb4.jsonl")
+    lines = (root / "plan_mb4.jsonl").read_bytes().splitlines(keepends=True)
+    row = json.loads(lines[1])
+    row["pred_median"] = float("nan")
+    _write(root / "plan_nan.jsonl", lines[0] + json.dumps(row).encode() + b"\n" + b"".join(lines[2:]))
+
+
 def _write_checkpoint(run: Path, version: int, steps: int) -> None:
     """A run directory holding a checkpoint at `version` of a `steps`-update tiny run (what --resume reads)."""
     from mindspeed_asp.runtime.checkpoint import FORMAT
@@ -62,12 +82,23 @@ def template(tmp_path_factory) -> Path:
     _write(root / "bad.jsonl", good[0] + b'{"prompt_id": "x' + NOT_UTF8 + b'", "prompt_len": 3}\n')
     hist = (root / "h.jsonl").read_bytes().splitlines(keepends=True)
     _write(root / "bad_hist.jsonl", hist[0] + b'{"prompt_id": "' + NOT_UTF8 + b'", "epoch": 0, "lengths": [1]}\n')
+    # a length beyond int64, one of 10^12 tokens, a zero one in the latest epoch (the truth a back-test simulates)
+    for name, value in (("huge", b"99999999999999999999"), ("tera", b"1000000000000"), ("zero", b"0")):
+        last = hist[-1].replace(b'"lengths": [', b'"lengths": [' + value + b", ", 1)
+        _write(root / f"{name}_hist.jsonl", b"".join(hist[:-1]) + last)
     _write(root / "bad.yaml", b"asp:\n  slots: 4  # " + NOT_UTF8 + b"\n")
     asp = "asp:\n  instances: 2\n  slots: 8\n  minibatch_groups: 4\n"
     _write(root / "cfg_nope.yaml", (asp + "  planner: nope\n").encode())
     _write(root / "cfg_nan.yaml", (asp + "  rho: .nan\n").encode())
     _write(root / "cfg_hist.yaml", (asp + "  history_path: nowhere.jsonl\n").encode())
+    _write(root / "cfg_dup.yaml", (asp + "  slots: 16\n").encode())  # slots twice: YAML alone keeps the last
+    _write(root / "cfg_bool.yaml", b"asp:\n  instances: true\n  slots: 8\n  minibatch_groups: 4\n")
+    _write(root / "run_dup.yaml", b"run:\n  steps: 2\n  seed: 1\n  steps: 3\n")
+    _write(root / "run_seed.yaml", b"run:\n  seed: 100000000000000000000000\n")
+    _write_tiny_plans(root)
     _write(root / "cost_nan.json", b'{"a": NaN, "b": 0.0, "c": 0.0}\n')
+    _write(root / "cost_huge.json", b'{"a": 1' + b"0" * 400 + b', "b": 0.0, "c": 0.0}\n')  # beyond float's range
+    _write(root / "timings_huge.jsonl", b'{"active": 1, "kv_tokens": 1' + b"0" * 400 + b', "step_time": 0.1}\n')
     _write(root / "cost_bad.json", b'{"a": 0.1, "b": 0.0, "c": 0.0, "source": "' + NOT_UTF8 + b'"}\n')
     _write(root / "afile", SENTINEL)
     (root / "adir.jsonl").mkdir()
@@ -146,6 +177,13 @@ CATALOGUE = [
     ("eval-not-utf8", ["lengths", "eval", "--trace", "history:bad_hist.jsonl"], ["bad_hist.jsonl:2", "UTF-8"]),
     ("eval-too-large", ["lengths", "eval", "--trace", "synthetic:prompts=90000000000,n=64"], ["prompts", "GiB"]),
     ("eval-json-parent-file", EVAL + ["--json", "afile/e.json"], ["--json"]),
+    ("eval-history-length-beyond-int64", ["lengths", "eval", "--trace", "history:huge_hist.jsonl"],
+     ["huge_hist.jsonl:32", "'lengths'", "99999999999999999999"]),
+    ("eval-history-length-tera", ["lengths", "eval", "--trace", "history:tera_hist.jsonl"],
+     ["tera_hist.jsonl:32", "'lengths'", "out of range"]),
+    ("eval-max-new-tokens-huge", EVAL + ["--max-new-tokens", "100000000"], ["--max-new-tokens"]),
+    ("synth-seed-huge", SYNTH + ["--seed", str(2**32)], ["--seed", "4294967295"]),
+    ("synth-cap-huge", SYNTH + ["--cap", "100000000"], ["--cap", "10000000"]),
     ("describe-json-parent-file", ["lengths", "describe", "--trace", "synthetic:prompts=8", "--json",
                                    "afile/e.json"], ["--json"]),
     # asp plan
@@ -166,10 +204,27 @@ CATALOGUE = [
     ("plan-planner", _plan("--planner", "nope"), ["--planner"]),
     ("plan-cost-nan", _plan("--cost", "cost_nan.json"), ["cost_nan.json", "'a'"]),
     ("plan-cost-not-utf8", _plan("--cost", "cost_bad.json"), ["cost_bad.json:1", "UTF-8"]),
+    ("plan-cost-beyond-float", _plan("--cost", "cost_huge.json"), ["cost_huge.json", "'a'", "finite number"]),
     ("plan-out-parent-file", _plan("-o", "afile/p.jsonl"), ["afile", "-o"]),
     ("plan-out-is-dir", _plan("-o", "adir.jsonl"), ["adir.jsonl", "directory"]),
     ("plan-json-parent-file", _plan("--json", "afile/s.json"), ["--json"]),
     ("plan-kv-budget-below-one-sequence", _plan("--kv-budget", "10"), ["--kv-budget", "cannot hold one sequence"]),
+    ("plan-history-length-beyond-int64", _plan("--history", "huge_hist.jsonl"),
+     ["huge_hist.jsonl:32", "'lengths'", "99999999999999999999", "10,000,000 tokens"]),
+    ("plan-history-length-tera", _plan("--history", "tera_hist.jsonl"),
+     ["tera_hist.jsonl:32", "'lengths'", "1000000000000", "out of range"]),
+    ("plan-history-length-zero", _plan("--history", "zero_hist.jsonl"),
+     ["zero_hist.jsonl:32", "'lengths'", "length 0", "at least one token"]),
+    ("plan-max-new-tokens-huge", _plan("--max-new-tokens", "100000000"), ["--max-new-tokens", "10000000"]),
+    ("plan-seed-huge", _plan("--seed", str(2**32)), ["--seed", "4294967295"]),
+    ("plan-config-duplicate-key", PLAN[:3] + ["--config", "cfg_dup.yaml", "--no-progress", "-o", "p.jsonl"],
+     ["cfg_dup.yaml:5", "asp.slots", "duplicate key", "line 3"]),
+    ("plan-config-bool-int", PLAN[:3] + ["--config", "cfg_bool.yaml", "--no-progress", "-o", "p.jsonl"],
+     ["cfg_bool.yaml", "asp.instances", "boolean"]),
+    ("plan-instances-over-groups", _plan("--instances", "100000"), ["--instances", "16 groups per iteration"]),
+    ("plan-instances-over-window", _plan("--instances", "8", "--groups-per-iteration", "4"),
+     ["--instances", "--groups-per-iteration 4"]),
+    ("plan-slots-below-n", _plan("--slots", "1", "--n", "4"), ["--slots 1", "--n 4"]),
     # asp simulate
     ("sim-sync-time-nan", SIM + ["--sync-time", "nan"], ["--sync-time"]),
     ("sim-overhead-negative", SIM + ["--overhead", "-1"], ["--overhead"]),
@@ -181,10 +236,21 @@ CATALOGUE = [
     ("sim-cost-not-utf8", SIM + ["--cost-file", "cost_bad.json"], ["cost_bad.json:1"]),
     ("sim-out-is-file", SIM[:-3] + ["afile", "--no-plots", "--quiet"], ["afile", "--out"]),
     ("sim-kv-budget-below-one-sequence", SIM + ["--kv-budget", "10"], ["--kv-budget", "cannot hold one sequence"]),
+    ("sim-history-length-beyond-int64", SIM[:2] + ["history:huge_hist.jsonl"] + SIM[3:],
+     ["huge_hist.jsonl:32", "'lengths'", "10,000,000 tokens"]),
+    ("sim-history-length-zero", SIM[:2] + ["history:zero_hist.jsonl"] + SIM[3:],
+     ["zero_hist.jsonl:32", "'lengths'", "length 0"]),
+    ("sim-spec-seed-huge", SIM[:2] + ["synthetic:prompts=8,n=2,seed=" + "9" * 23] + SIM[3:], ["seed", "4294967295"]),
+    ("sim-spec-cap-huge", SIM[:2] + ["synthetic:prompts=8,n=2,cap=" + "9" * 20] + SIM[3:], ["cap", "10,000,000"]),
+    ("sim-seeds-huge", SIM + ["--seeds", str(2**32)], ["--seeds", "4294967295"]),
+    ("sim-instances-over-groups", SIM[:5] + ["--instances", "100000"] + SIM[7:], ["--instances", "8 groups"]),
+    ("sim-slots-below-n", SIM[:7] + ["--slots", "1"] + SIM[9:], ["--slots 1", "n=2"]),
     # asp fit-cost (refused before any engine starts)
     ("fit-gmu-nan", FIT + ["--gpu-memory-utilization", "nan"], ["--gpu-memory-utilization"]),
     ("fit-decode-steps-0", FIT + ["--decode-steps", "0"], ["--decode-steps"]),
     ("fit-out-parent-file", FIT[:-1] + ["afile/c.json"], ["afile", "-o"]),
+    ("fit-timings-beyond-float", ["fit-cost", "--timings", "timings_huge.jsonl", "-o", "c.json"],
+     ["timings_huge.jsonl:1", "'kv_tokens'", "not a number"]),
     # asp train (refused before Ray starts)
     ("train-out-holds-run", ["train", "--quiet", "--out", "run_old"], ["run_old", "--overwrite", "--resume"]),
     ("train-out-is-file", ["train", "--quiet", "--out", "afile"], ["afile", "--out"]),
@@ -195,6 +261,28 @@ CATALOGUE = [
     ("train-lr-inf", TRAIN + ["trainer.lr=.inf"], ["trainer.lr"]),
     ("train-n-over-slots", TRAIN + ["data.n=64"], ["data.n"]),
     ("train-n-one", TRAIN + ["data.n=1"], ["data.n", "greater than or equal to 2"]),
+    ("train-seed-huge", TRAIN + ["run.seed=100000000000000000000000"],
+     ["run.seed", "4294967295", "'run.seed=100000000000000000000000'"]),
+    ("train-seed-negative", TRAIN + ["data.seed=-1"], ["data.seed", "a seed must be in 0 .. 4294967295"]),
+    ("train-init-seed-2-32", TRAIN + [f"model.init_seed={2**32}"], ["model.init_seed", "4294967295"]),
+    ("train-seed-in-yaml", TRAIN + ["--config", "run_seed.yaml"], ["run_seed.yaml", "run.seed", "4294967295"]),
+    ("train-override-twice", TRAIN + ["run.steps=3", "run.steps=x"],
+     ["run.steps", "'run.steps=3'", "'run.steps=x'", "set twice"]),
+    ("train-override-twice-good-then-bad", TRAIN + ["run.steps=x", "run.steps=3"], ["'run.steps=x'", "set twice"]),
+    ("train-flag-and-override", TRAIN + ["--mode", "stock", "asp.mode=asp"], ["asp.mode", "--mode stock",
+                                                                             "'asp.mode=asp'"]),
+    ("train-out-flag-and-override", TRAIN + ["run.out=elsewhere"], ["run.out", "--out run_new"]),
+    ("train-override-bool-int", TRAIN + ["asp.slots=yes"], ["asp.slots", "boolean", "'asp.slots=yes'"]),
+    ("train-override-bool-float", TRAIN + ["trainer.lr=true"], ["trainer.lr", "boolean"]),
+    ("train-override-bad-yaml", TRAIN + ["run.steps=["], ["run.steps", "invalid YAML", "'run.steps=['"]),
+    ("train-override-duplicate-yaml-key", TRAIN + ["asp.estimator={kind: history, kind: oracle}"],
+     ["asp.estimator.kind", "duplicate key"]),
+    ("train-config-duplicate-key", TRAIN + ["--config", "run_dup.yaml"], ["run_dup.yaml:4", "run.steps", "line 2"]),
+    ("train-max-model-len-huge", TRAIN + ["model.max_model_len=100000000"], ["model.max_model_len", "10000000"]),
+    ("train-plan-other-minibatch", TRAIN + ["asp.plan_path=plan_mb4.jsonl"],
+     ["asp.plan_path", "minibatch_groups=4", "asp.minibatch_groups=8", "asp plan --minibatch 8"]),
+    ("train-plan-nan-prediction", TRAIN + ["asp.plan_path=plan_nan.jsonl"],
+     ["asp.plan_path", "plan_nan.jsonl:2", "'pred_median'", "nan"]),
     ("train-config-not-utf8", TRAIN + ["--config", "bad.yaml"], ["bad.yaml:2", "UTF-8"]),
     ("train-msrl-training-yaml", TRAIN + ["--config", str(Path(__file__).resolve().parents[1] / "configs"
                                                           / "qwen25_7b_A3_asp.yaml")],
@@ -216,6 +304,8 @@ CATALOGUE = [
     ("demo-out-holds-run", ["demo", "--quiet", "--out", "demo_old"], ["demo_old", "--overwrite"]),
     ("demo-planner", DEMO + ["asp.planner=nope"], ["asp.planner"]),
     ("demo-out-is-file", ["demo", "--quiet", "--out", "afile"], ["afile", "--out"]),
+    ("demo-override-twice", DEMO + ["asp.max_lag=2", "asp.max_lag=3"], ["asp.max_lag", "set twice"]),
+    ("demo-mode-override", DEMO + ["asp.mode=stock"], ["asp.mode", "--modes"]),
 ]
 
 

@@ -180,3 +180,55 @@ def test_select_epochs_and_max_length():
     only = h.select_epochs(only=2)
     assert only.epochs() == [2] and only.lengths_for(["a"])[0][2].tolist() == [7, 8, 9]
     assert h.max_length() == 30 and LengthHistory().max_length() == 0
+
+
+@pytest.mark.parametrize("value,match", [
+    ("0", "length 0 is out of range"),  # a response has at least one token; the simulator divides by it
+    ("1000000000000", "length 1000000000000 is out of range"),  # 10^12: no real length
+    ("99999999999999999999", "10,000,000 tokens"),  # beyond int64: refused before numpy overflows
+    ("true", "must be an integer"),
+])
+@pytest.mark.parametrize("suffix,lengths_key", [("history", "lengths"), ("log", "response_lengths")])
+def test_a_length_out_of_range_is_refused_naming_file_line_and_key(tmp_path, value, match, suffix, lengths_key):
+    path = tmp_path / f"{suffix}.jsonl"
+    path.write_text(f'{{"prompt_id": "a", "epoch": 0, "{lengths_key}": [5]}}\n'
+                    f'{{"prompt_id": "b", "epoch": 0, "{lengths_key}": [4, {value}]}}\n')
+    read = (lambda: LengthHistory.load(path)) if suffix == "history" else \
+        (lambda: LengthHistory().append_rollout_log(path))
+    with pytest.raises(InputError, match=match) as info:
+        read()
+    assert info.value.line == 2 and info.value.key == lengths_key and f"{path}:2" in str(info.value)
+
+
+def test_the_length_bound_is_inclusive(tmp_path):
+    from mindspeed_asp.limits import MAX_LENGTH
+
+    path = tmp_path / "h.jsonl"
+    path.write_text(f'{{"prompt_id": "a", "epoch": 0, "lengths": [1, {MAX_LENGTH}]}}\n')
+    assert LengthHistory.load(path).max_length() == MAX_LENGTH
+
+
+def test_parquet_lengths_and_epochs_out_of_range_name_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "h.parquet"
+    for lengths, epoch, match in (([[1], [3, 0]], [0, 0], r"row 2: length 0 is out of range"),
+                                  ([[10**12], [3]], [0, 0], r"row 1: length 1000000000000 is out of range"),
+                                  ([[1], [3]], [0, 2**40], r"row 2: epoch 1099511627776 is out of range")):
+        pq.write_table(pa.table({"prompt_id": ["a", "b"], "epoch": pa.array(epoch, type=pa.int64()),
+                                 "lengths": lengths}), str(path))
+        with pytest.raises(InputError, match=match):
+            LengthHistory.load(path)
+
+
+def test_a_declared_cap_and_an_epoch_out_of_range_are_refused(tmp_path):
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"prompt_id": "a", "epoch": 0, "lengths": [5], "max_new_tokens": 100000000000}\n')
+    with pytest.raises(InputError, match="max_new_tokens 100000000000 is out of range") as info:
+        LengthHistory.load(path)
+    assert info.value.key == "max_new_tokens" and info.value.line == 1
+    path.write_text('{"prompt_id": "a", "epoch": 99999999999999999999, "lengths": [5]}\n')
+    with pytest.raises(InputError, match="epoch 99999999999999999999 is out of range") as info:
+        LengthHistory.load(path)
+    assert info.value.key == "epoch"

@@ -241,3 +241,84 @@ def test_isolated_groups_survive_the_file(tmp_path, suffix):
             DispatchPlan(dict(back.header, isolated_rows=bad_rows), back.cols, path="p")
     old = {k: v for k, v in back.header.items() if k != "isolated_rows"}  # a plan written before isolation
     assert DispatchPlan(old, back.cols, path="p").isolated_rows(0).tolist() == []
+
+
+def _edit_jsonl(path, edit_header=None, edit_row=None, row_index=0):
+    """Rewrite a saved JSON Lines plan with its header or one row changed (as a hand edit would)."""
+    lines = path.read_text().splitlines()
+    head, rows = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    if edit_header:
+        edit_header(head)
+    if edit_row:
+        edit_row(rows[row_index])
+    path.write_text("\n".join(json.dumps(x) for x in [head] + rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("column,value,match", [
+    ("minibatch", -2, "minibatch tag -2"),
+    ("pred_median", float("nan"), "not a finite number"),
+    ("pred_group_max", float("inf"), "not a finite number"),
+    ("pred_group_max", -1.0, "not a finite number >= 0"),
+    ("position", -1, "position -1 is out of range"),
+    ("row", 10**20, "out of range"),  # beyond int64: refused before numpy overflows on it
+])
+def test_a_bad_column_value_is_refused_naming_column_and_line(tmp_path, built, column, value, match):
+    prompts, _, result = built
+    path = _edit_jsonl(result.plan.save(tmp_path / "plan.jsonl"), edit_row=lambda r: r.update({column: value}),
+                       row_index=4)
+    with pytest.raises(InputError, match=match) as exc:
+        load_plan(path, prompts)
+    assert exc.value.key == column and exc.value.line == 6 and f"{path}:6" in str(exc.value)
+
+
+def test_a_bad_parquet_column_value_names_the_row(tmp_path, built):
+    import pyarrow as pa
+
+    prompts, _, result = built
+    path = result.plan.save(tmp_path / "plan.parquet")
+    table = pq.read_table(path)
+    med = table.column("pred_median").to_numpy().copy()
+    med[7] = np.nan
+    table = table.set_column(table.column_names.index("pred_median"), "pred_median", pa.array(med))
+    pq.write_table(table, path)
+    with pytest.raises(InputError, match=r"row 8: prediction nan") as exc:
+        load_plan(path, prompts)
+    assert exc.value.key == "pred_median"
+
+
+def test_the_plan_fingerprint_covers_its_settings(tmp_path, built):
+    """The header records what the plan depends on and a hash of it; an edited setting is refused on load."""
+    from mindspeed_asp.scheduler.plan import SETTINGS, plan_fingerprint
+
+    prompts, _, result = built
+    h = result.plan.header
+    assert all(k in h for k in SETTINGS) and h["plan_fingerprint"] == plan_fingerprint(h)
+    for suffix in (".jsonl", ".parquet"):
+        assert load_plan(result.plan.save(tmp_path / f"plan{suffix}"), prompts).header["plan_fingerprint"] == \
+            h["plan_fingerprint"]
+    other = dict(h, minibatch_groups=8)
+    assert plan_fingerprint(other) != h["plan_fingerprint"]
+    edited = _edit_jsonl(result.plan.save(tmp_path / "edited.jsonl"),
+                         edit_header=lambda head: head.update(minibatch_groups=8))
+    with pytest.raises(PlanMismatchError, match="edited after `asp plan` wrote it"):
+        load_plan(edited, prompts)
+
+
+def test_a_plan_written_before_the_fingerprint_still_loads_and_is_checked(tmp_path, built):
+    """Plans without plan_fingerprint (older files) load: schema 1 has always recorded the settings, so
+    check_settings still compares them; only a hand edit of the header would go unnoticed in such a file."""
+    prompts, _, result = built
+    old = _edit_jsonl(result.plan.save(tmp_path / "old.jsonl"), edit_header=lambda head: head.pop("plan_fingerprint"))
+    plan = load_plan(old, prompts)
+    want = {k: plan.header[k] for k in ("n", "instances", "slots", "minibatch_groups", "max_lag", "planner")}
+    assert plan.check_settings(want) == []
+    with pytest.raises(PlanMismatchError, match=r"minibatch_groups=4, but the run has asp.minibatch_groups=8"):
+        plan.check_settings(dict(want, minibatch_groups=8), {"minibatch_groups": "asp.minibatch_groups"})
+    bare = _edit_jsonl(result.plan.save(tmp_path / "bare.jsonl"),
+                       edit_header=lambda head: [head.pop(k) for k in ("plan_fingerprint", "slots", "max_lag")])
+    assert load_plan(bare, prompts).check_settings(dict(want, slots=99, max_lag=7)) == ["slots", "max_lag"]
+    # windows compare as cut (both sides capped at the plan's groups): 20 groups per iteration is not 10
+    assert plan.check_settings({"groups_per_iteration": 20}) == []
+    with pytest.raises(PlanMismatchError, match="groups_per_iteration"):
+        plan.check_settings({"groups_per_iteration": 10})

@@ -71,7 +71,8 @@ def test_yaml_syntax_error_names_line(tmp_path):
         load_run_config(bad)
 
 
-def _write_plan(path, prompts, instances=2):
+def _write_plan(path, prompts, instances=2, **header):
+    """A hand-made plan whose header records only what `header` gives (the planner: the run's, asp)."""
     import numpy as np
 
     from mindspeed_asp.scheduler.plan import DispatchPlan
@@ -79,8 +80,8 @@ def _write_plan(path, prompts, instances=2):
 
     G = len(prompts)
     orders = [np.arange(j, G, instances) for j in range(instances)]
-    a = Assignment(orders=orders, minibatch=np.full(G, -1), planner="test")
-    plan = DispatchPlan.from_assignments(prompts, [0, G], [a], np.ones(G), np.ones(G), {"planner": "test"})
+    a = Assignment(orders=orders, minibatch=np.full(G, -1), planner="asp")
+    plan = DispatchPlan.from_assignments(prompts, [0, G], [a], np.ones(G), np.ones(G), {"planner": "asp", **header})
     plan.save(path)
     return path
 
@@ -102,6 +103,139 @@ def test_plan_for_another_dataset_stops_before_ray(tmp_path):
     three = _write_plan(tmp_path / "three.jsonl", prompts, instances=3)
     with pytest.raises(ConfigError, match="3 instances"):
         build_config(str(TINY), ["data.num_prompts=8", f"asp.plan_path={three}"])
+
+
+def _tiny_plan(tmp_path, name, cfg, **changes):
+    """A plan `asp plan` would write for the run `cfg`, with `changes` to its build settings."""
+    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
+
+    _, prompts = task_and_prompts(cfg)
+    est = estimate_lengths(prompts, None, cfg.data.max_new_tokens)
+    kw = dict(instances=cfg.asp.instances, slots=cfg.asp.slots, minibatch=cfg.asp.minibatch_groups,
+              max_new_tokens=cfg.data.max_new_tokens, planner="stock", max_lag=cfg.asp.max_lag,
+              groups_per_iteration=cfg.asp.replan_every * cfg.asp.minibatch_groups, progress=False)
+    kw.update(changes)
+    return build_plan(prompts, est, **kw).plan.save(tmp_path / name)
+
+
+@pytest.mark.parametrize("change,named", [
+    (dict(minibatch=2), ["minibatch_groups=2", "asp.minibatch_groups=4", "asp plan --minibatch 4"]),
+    (dict(slots=8), ["slots=8", "asp.slots=16", "asp plan --slots 16"]),
+    (dict(max_new_tokens=64), ["max_new_tokens=64", "data.max_new_tokens=48"]),
+    (dict(max_lag=3), ["max_lag=3", "asp.max_lag=1", "asp plan --max-lag 1"]),
+    (dict(groups_per_iteration=4), ["groups_per_iteration=4", "asp plan --groups-per-iteration 8"]),
+    (dict(work_stealing=False), ["work_stealing=False", "asp.work_stealing=True", "without --no-work-stealing"]),
+    (dict(kv_budget=100000), ["kv_budget=100000", "asp.kv_budget_tokens=None", "without --kv-budget"]),
+    (dict(planner="lpt"), ["planner='lpt'", "asp.planner='stock'", "asp plan --planner stock"]),
+])
+def test_plan_built_for_other_settings_stops_before_ray(tmp_path, change, named):
+    """Not only the dataset and the instances: every setting the plan depends on must be the run's."""
+    from mindspeed_asp.commands.train import build_config
+
+    base = ["data.num_prompts=16", "data.n=4", "data.max_new_tokens=48", "asp.minibatch_groups=4", "asp.slots=16",
+            "asp.replan_every=2", "asp.planner=stock"]
+    cfg = load_run_config(TINY, base)
+    good = _tiny_plan(tmp_path, "good.jsonl", cfg)
+    assert build_config(str(TINY), base + [f"asp.plan_path={good}"]).asp.plan_path == str(good)
+    bad = _tiny_plan(tmp_path, "bad.jsonl", cfg, **change)
+    with pytest.raises(ConfigError) as exc:
+        build_config(str(TINY), base + [f"asp.plan_path={bad}"])
+    assert exc.value.key == "asp.plan_path"
+    for want in named:
+        assert want in str(exc.value), str(exc.value)
+
+
+def test_plan_without_recorded_settings_is_checked_on_the_rest_with_a_warning(tmp_path, capsys):
+    from mindspeed_asp.commands.train import build_config
+    from mindspeed_asp.runtime.driver import task_and_prompts
+
+    cfg = load_run_config(TINY, ["data.num_prompts=8"])
+    _, prompts = task_and_prompts(cfg)
+    partial = _write_plan(tmp_path / "partial.jsonl", prompts, slots=cfg.asp.slots)
+    build_config(str(TINY), ["data.num_prompts=8", f"asp.plan_path={partial}"])
+    err = capsys.readouterr().err
+    assert "warning" in err and "minibatch_groups" in err and "max_lag" in err and "slots" not in err
+    other = _write_plan(tmp_path / "other.jsonl", prompts, slots=cfg.asp.slots * 2)
+    with pytest.raises(ConfigError, match=r"slots=64.*asp\.slots=32"):
+        build_config(str(TINY), ["data.num_prompts=8", f"asp.plan_path={other}"])
+
+
+@pytest.mark.parametrize("override,ok", [
+    ("run.seed=4294967295", True), ("run.seed=4294967296", False), ("run.seed=-1", False),
+    ("data.seed=4294967295", True), ("data.seed=100000000000000000000000", False),
+    ("model.init_seed=4294967296", False),
+])
+def test_seeds_are_range_checked_where_the_config_is_read(override, ok):
+    """0 <= seed < 2**32: the engine seed reaches np.random.seed in vLLM, which takes no larger."""
+    if ok:
+        load_run_config(TINY, [override])
+        return
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=r"a seed must be in 0 \.\. 4294967295") as exc:
+        load_run_config(TINY, [override])
+    assert exc.value.key == key and repr(override) in str(exc.value)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("asp.instances=true", "asp.instances"), ("run.steps=yes", "run.steps"), ("trainer.lr=true", "trainer.lr"),
+    ("asp.kv_budget_tokens=true", "asp.kv_budget_tokens"), ("asp.estimator.max_epochs=no", "asp.estimator.max_epochs"),
+])
+def test_a_boolean_in_a_number_key_is_refused(override, key):
+    with pytest.raises(ConfigError, match="boolean") as exc:
+        load_run_config(TINY, [override])
+    assert exc.value.key == key
+
+
+def test_numbers_still_coerce_as_before(tmp_path):
+    """Only booleans are refused: a quoted integer and an integer in a float key load as they always did."""
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text('run:\n  steps: "3"\ntrainer:\n  lr: 1\nasp:\n  work_stealing: yes\n')
+    cfg = load_run_config(cfg_file)
+    assert cfg.run.steps == 3 and cfg.trainer.lr == 1.0 and cfg.asp.work_stealing is True
+
+
+def test_a_key_overridden_twice_is_refused_naming_both():
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(TINY, ["run.steps=3", "asp.max_lag=2", "run.steps=x"])
+    msg = str(exc.value)
+    assert exc.value.key == "run.steps" and "'run.steps=3'" in msg and "'run.steps=x'" in msg
+
+
+def test_a_cross_field_error_names_every_override_that_took_part():
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(TINY, ["data.n=64", "asp.slots=8", "run.steps=3"])
+    msg = str(exc.value)
+    assert "'data.n=64'" in msg and "'asp.slots=8'" in msg and "run.steps" not in msg
+
+
+def test_flag_and_override_of_one_key_are_refused():
+    from mindspeed_asp.commands.train import build_config
+
+    with pytest.raises(ConfigError, match=r"--mode stock.*'asp\.mode=asp'") as exc:
+        build_config(str(TINY), ["asp.mode=asp"], mode="stock")
+    assert exc.value.key == "asp.mode"
+    assert build_config(str(TINY), [], mode="stock", out="x").run.out == "x"
+
+
+@pytest.mark.parametrize("text,line,key", [
+    ("asp:\n  slots: 8\n  max_lag: 1\n  slots: 16\n", 4, "asp.slots"),
+    ("run:\n  steps: 2\nrun:\n  seed: 1\n", 3, "run"),
+    ("asp:\n  estimator:\n    kind: history\n    kind: oracle\n", 4, "asp.estimator.kind"),
+])
+def test_a_yaml_key_given_twice_is_refused_with_file_line_and_key(tmp_path, text, line, key):
+    cfg_file = tmp_path / "dup.yaml"
+    cfg_file.write_text(text)
+    with pytest.raises(ConfigError, match="duplicate key") as exc:
+        load_run_config(cfg_file)
+    assert exc.value.line == line and exc.value.key == key and f"{cfg_file}:{line}" in str(exc.value)
+
+
+def test_yaml_merge_keys_and_anchors_are_not_duplicates():
+    from mindspeed_asp.config import parse_yaml
+
+    data = parse_yaml("base: &b {x: 1, y: 2}\nuse:\n  <<: *b\n  y: 3\nagain: *b\n")
+    assert data["use"] == {"x": 1, "y": 3} and data["again"] == {"x": 1, "y": 2}
 
 
 def test_cli_reports_config_errors_as_one_line(capsys):

@@ -271,3 +271,50 @@ def test_history_spec_back_tests_a_rollout_log(tmp_path, capsys):
     assert early.truth.shape == (40, 4) and early.history.epochs() == [0]
     with pytest.raises(InputError, match="no epoch 7"):
         workload_from_spec(f"history:{log}?epoch=7")
+
+
+# ----------------------------------------------------------------------------- length bounds
+@pytest.mark.parametrize("value,match", [(0, "length 0 is out of range"), (10**12, "out of range"),
+                                         (10**20, "10,000,000 tokens"), (7.0, None)])
+def test_alpaca_lengths_are_range_checked(tmp_path, value, match):
+    path = tmp_path / "a.json"
+    path.write_text(_alpaca_text([GOOD, dict(GOOD, id="2", **{"L_t0.3": value})]))
+    if match is None:  # an integral float is a length (JSON writers emit 7.0)
+        assert load_alpaca(path, target="t0.3").truth[1, 0] == 7
+        return
+    with pytest.raises(InputError, match=match) as info:
+        load_alpaca(path)
+    assert info.value.line == 3 and info.value.key == "L_t0.3"
+
+
+@pytest.mark.parametrize("row,key,match", [("1,20,0", "num_decode_tokens", "length 0 is out of range"),
+                                           ("1,20,1e30", "num_decode_tokens", "out of range"),
+                                           ("1,1e12,6", "num_prefill_tokens", "prompt length"),
+                                           ("1,20,inf", "num_decode_tokens", "non-negative integer")])
+def test_splitwise_lengths_are_range_checked(tmp_path, row, key, match):
+    path = tmp_path / "s.csv"
+    path.write_text(f"arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n{row}\n")
+    with pytest.raises(InputError, match=match) as info:
+        load_splitwise(path, n=1)
+    assert info.value.line == 3 and info.value.key == key
+
+
+def test_prompt_lengths_are_range_checked(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt_id": "a", "prompt_len": 0}\n{"prompt_id": "b", "prompt_len": 100000000000}\n')
+    with pytest.raises(InputError, match="prompt length 100000000000 is out of range") as info:
+        load_prompt_set(path)
+    assert info.value.line == 2 and info.value.key == "prompt_len"
+
+
+@pytest.mark.parametrize("spec,key", [
+    ("synthetic:prompts=8,n=2,seed=4294967296", "seed"),
+    ("synthetic:prompts=8,n=2,cap=100000000", "cap"),
+    ("synthetic:prompts=8,n=2,median=1e9", "median"),
+    ("synthetic:prompts=8,n=2,prompt_len=1e9", "prompt_len"),
+])
+def test_synthetic_workload_numbers_are_range_checked(spec, key):
+    with pytest.raises(InputError) as info:
+        workload_from_spec(spec)
+    assert info.value.key == key
+    assert workload_from_spec("synthetic:prompts=8,n=2,seed=4294967295").prompts.n == 2

@@ -43,6 +43,17 @@ def parse_variants(spec: str) -> List[Tuple[str, str, List[str]]]:
     return variants
 
 
+def _variant_overrides(overrides: List[str], settings: List[str]) -> List[str]:
+    """The command line's overrides for one variant, then the variant's own settings: a variant's setting
+    (`asp@max_lag=2`) replaces the same key of a command-line override for that variant only (the others keep
+    the command line's value). Two command-line overrides of one key are refused (`with_flags`)."""
+    from mindspeed_asp.config import check_unique_overrides, override_key
+
+    check_unique_overrides(list(overrides))
+    own = {override_key(s) for s in settings}
+    return [o for o in overrides if override_key(o) not in own] + list(settings)
+
+
 def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.atomic import check_output_dir, write_text
     from mindspeed_asp.commands.compare import compare_runs
@@ -53,7 +64,8 @@ def handler(args: argparse.Namespace) -> int:
     out = Path(args.out)
     variants = parse_variants(args.modes)
     # Every config is validated before Ray starts, so a bad override fails in a second, not minutes in.
-    cfgs = [build_config(args.config, list(args.overrides) + extra, mode, str(out / name))
+    cfgs = [build_config(args.config, _variant_overrides(args.overrides, extra), mode, str(out / name),
+                         flag_names={"--mode": "--modes"})
             for name, mode, extra in variants]
     # So is the output: a demo directory that holds runs is refused unless --overwrite (checked for every
     # variant before any is cleared, so a refusal removes nothing).

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from mindspeed_asp.argtypes import MAX_COUNT, finite_float, positive_int, seed_int
+from mindspeed_asp.argtypes import MAX_COUNT, finite_float, length_int, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--contexts", default="64,256,1024", help="comma-separated prompt lengths (tokens)")
     p.add_argument("--decode-steps", type=positive_int, default=16,
                    help="decode steps timed per point (default 16)")
-    p.add_argument("--max-model-len", type=positive_int, default=None,
+    p.add_argument("--max-model-len", type=length_int, default=None,
                    help="engine max_model_len (default: fits sweep)")
     p.add_argument("--dtype", default="float32", help="engine dtype (default float32; bfloat16 on accelerators)")
     p.add_argument("--gpu-memory-utilization", type=finite_float(0.0, 1.0, lo_open=True), default=None,

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from mindspeed_asp.argtypes import any_float, finite_float, nonneg_float, positive_float, positive_int, seed_int
+from mindspeed_asp.argtypes import (any_float, finite_float, length_float, length_int, nonneg_float, positive_int,
+                                    seed_int)
 
 
 def register(subparsers) -> None:
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
                     help="group-max quantile q")
     ev.add_argument("--sigma-shrinkage", type=nonneg_float, default=None)
     ev.add_argument("--no-drift", action="store_true", help="disable the global drift factor")
-    ev.add_argument("--max-new-tokens", type=positive_int, default=None, help="default: the trace's cap")
+    ev.add_argument("--max-new-tokens", type=length_int, default=None, help="default: the trace's cap")
     ev.add_argument("--json", default=None, help="write the metrics as JSON here")
     ev.set_defaults(func=_eval)
 
@@ -43,8 +44,8 @@ def register(subparsers) -> None:
     sy.add_argument("--n", type=positive_int, default=8, help="samples per prompt")
     sy.add_argument("--seed", type=seed_int, default=0)
     sy.add_argument("--small", action="store_true", help="CPU demo regime (median 48, cap 384 tokens)")
-    sy.add_argument("--median", type=positive_float, default=None, help="median response tokens")
-    sy.add_argument("--cap", type=positive_int, default=None, help="max_new_tokens")
+    sy.add_argument("--median", type=length_float, default=None, help="median response tokens")
+    sy.add_argument("--cap", type=length_int, default=None, help="max_new_tokens")
     sy.add_argument("--trend", type=any_float, default=None, help="global drift of log-length per epoch")
     sy.add_argument("-o", "--output", required=True, help="history file (.parquet or .jsonl)")
     sy.add_argument("--dataset", default=None, help="prompt dataset (.jsonl); default <output>.prompts.jsonl")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from mindspeed_asp.argtypes import nonneg_int, positive_float, positive_int, seed_int
+from mindspeed_asp.argtypes import length_int, nonneg_int, positive_float, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--groups-per-iteration", type=positive_int, default=None,
                    help="prompt groups per training iteration (default: the whole dataset is one iteration)")
     p.add_argument("--n", type=positive_int, default=8, help="samples per prompt (default 8)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+    p.add_argument("--max-new-tokens", type=length_int, default=None,
                    help="generation cap (default: the longest length in the history)")
     p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c[, p])")
     p.add_argument("--rho", type=positive_float, default=None,
@@ -87,6 +87,27 @@ def _truth_matrix(path: str, epoch: Optional[int], prompts):
     return mat.astype(float), e
 
 
+def _check_shape(prompts, instances: int, slots: int, args) -> None:
+    """Refuse a cluster the planners cannot use: more instances than groups in a window (an instance would get
+    none, and the regime advice, which simulates every instance, runs for minutes on such a cluster), or fewer
+    slots than a group's n samples (the planners place a group on one instance and count its n samples in
+    flight together, as the runtime dispatches it: the runtime refuses data.n > asp.slots too)."""
+    from mindspeed_asp.errors import InputError
+
+    inst_key = "--instances" if args.instances is not None else "asp.instances"
+    slots_key = "--slots" if args.slots is not None else "asp.slots"
+    window = min(args.groups_per_iteration or len(prompts), len(prompts))
+    if instances > window:
+        what = (f"--groups-per-iteration {args.groups_per_iteration}" if args.groups_per_iteration
+                else "without --groups-per-iteration the whole dataset is one iteration")
+        raise InputError(f"{instances} instances for {window} groups per iteration ({what}): every instance needs "
+                         f"at least one group of each window; give at most {window} instances or a larger window",
+                         key=inst_key)
+    if slots < args.n:
+        raise InputError(f"{slots_key} {slots} is below a group's {args.n} samples (--n {args.n}): a group's samples "
+                         f"run together on one instance; give {slots_key} {args.n} or more", key=slots_key)
+
+
 def run(args) -> int:
     from mindspeed_asp.atomic import check_output_file, write_json
     from mindspeed_asp.config import AspSection, EstimatorSection
@@ -129,6 +150,7 @@ def run(args) -> int:
     check_fits(planning_bytes(len(prompts), args.n, instances, slots),
                f"planning {len(prompts)} groups x n={args.n} on {instances} instances x {slots} slots",
                key="--instances/--slots/--n")
+    _check_shape(prompts, instances, slots, args)
     history = LengthHistory.load(history_path) if history_path else None
     max_new = args.max_new_tokens
     if max_new is None:

@@ -23,18 +23,41 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 
+#: The flags that set a config key, as (flag, key): a flag and an override of its key are refused together.
+FLAG_KEYS = (("--mode", "asp.mode"), ("--out", "run.out"), ("--ray-address", "run.ray_address"))
+
+
+def with_flags(overrides: List[str], given: Dict[str, Optional[str]],
+               names: Optional[Dict[str, str]] = None) -> List[str]:
+    """The overrides plus one `key=value` per flag given (`given`: flag -> value or None). A key set twice, by
+    two overrides or by a flag and an override, is refused naming both: the last would win silently.
+    `names` renames a flag in the messages (`asp demo` sets asp.mode from --modes)."""
+    from mindspeed_asp.config import check_unique_overrides, override_key
+    from mindspeed_asp.errors import ConfigError
+
+    check_unique_overrides(list(overrides))
+    extra = list(overrides)
+    for flag, key in FLAG_KEYS:
+        value = given.get(flag)
+        if not value:
+            continue
+        shown = (names or {}).get(flag, flag)
+        clash = next((o for o in overrides if override_key(o) == key), None)
+        if clash is not None:
+            raise ConfigError(f"set twice, by {shown} {value} and the override {clash!r}: give it once",
+                              path="command line", key=key)
+        # run.ray_address quoted: "host:port" stays a string
+        extra.append(f"{key}={json.dumps(value) if key == 'run.ray_address' else value}")
+    return extra
+
+
 def build_config(config: Optional[str], overrides: List[str], mode: Optional[str] = None,
-                 out: Optional[str] = None, ray_address: Optional[str] = None):
+                 out: Optional[str] = None, ray_address: Optional[str] = None,
+                 flag_names: Optional[Dict[str, str]] = None):
     """Load and validate the run config (packaged tiny_cpu.yaml when `config` is None)."""
     from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
 
-    extra = list(overrides)
-    if mode:
-        extra.append(f"asp.mode={mode}")
-    if out:
-        extra.append(f"run.out={out}")
-    if ray_address:
-        extra.append(f"run.ray_address={json.dumps(ray_address)}")  # quoted: "host:port" stays a string
+    extra = with_flags(overrides, {"--mode": mode, "--out": out, "--ray-address": ray_address}, flag_names)
     path = config or str(packaged_config_path())
     cfg = load_run_config(path, extra, devices=_device_count())
     _check_plan(cfg, path)
@@ -52,11 +75,15 @@ def _device_count() -> Optional[int]:
 
 
 def _check_plan(cfg, path: str) -> None:
-    """A given plan must have been built for this run's dataset (fingerprint), else stop before Ray."""
+    """A given plan must have been built for this run: its dataset (fingerprint) and every setting the plan
+    depends on (instances, slots, n, minibatch, window, cap, lag bound, stealing, planner:
+    `run_config.plan_settings`), else stop before Ray. A plan that does not record some of them (built by
+    hand, or by code that fills a partial header) is checked on the rest, with a warning naming them."""
     if not cfg.asp.plan_path:
         return
     from mindspeed_asp.errors import ConfigError, InputError, PlanMismatchError
     from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.run_config import PLAN_SETTING_KEYS, plan_settings
     from mindspeed_asp.scheduler.plan import DispatchPlan
 
     _, prompts = task_and_prompts(cfg)
@@ -67,6 +94,13 @@ def _check_plan(cfg, path: str) -> None:
     if plan.instances != cfg.asp.instances:
         raise ConfigError(f"plan {cfg.asp.plan_path} is for {plan.instances} instances, the run has "
                           f"{cfg.asp.instances}", path=path, key="asp.plan_path")
+    try:
+        unchecked = plan.check_settings(plan_settings(cfg, len(prompts)), PLAN_SETTING_KEYS)
+    except PlanMismatchError as exc:
+        raise ConfigError(f"plan does not fit this run: {exc}", path=path, key="asp.plan_path") from None
+    if unchecked:
+        print(f"asp train: warning: plan {cfg.asp.plan_path} does not record {', '.join(unchecked)}, so they are "
+              "not checked against the run; rebuild it with `asp plan` to have them checked", file=sys.stderr)
 
 
 def check_output(out: Path, overwrite: bool, key: str) -> None:
@@ -97,13 +131,11 @@ def resume_setup(args: argparse.Namespace):
                           f"own directory", key="--out")
     ckpt = latest_checkpoint(out)
     state = read_state(ckpt)
-    extra = list(args.overrides)
-    if args.mode:
-        extra.append(f"asp.mode={args.mode}")
-    if args.ray_address:
-        extra.append(f"run.ray_address={json.dumps(args.ray_address)}")
-    cfg = resume_config(state["config"], str(out), int(state["version"]), extra, where=str(ckpt / STATE_FILE),
+    extra = with_flags(args.overrides, {"--mode": args.mode, "--ray-address": args.ray_address})
+    where = str(ckpt / STATE_FILE)
+    cfg = resume_config(state["config"], str(out), int(state["version"]), extra, where=where,
                         devices=_device_count())
+    _check_plan(cfg, where)  # the run reads its plan file again: it must still be the one it was built for
     return cfg, out, ckpt
 
 

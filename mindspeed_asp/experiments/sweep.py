@@ -123,10 +123,23 @@ class Workbench:
     stock_key: Optional[tuple] = None  # the cluster settings stock_rollout was simulated with
 
 
+def check_cluster(instances: int, slots: int, groups: int, n: int) -> None:
+    """Refuse a cluster the planners cannot use (as `asp plan` does): more instances than the window's groups (an
+    instance would get none, and planning and simulating 10^5 idle instances take minutes), or fewer slots than
+    a group's n samples (a group's samples run together on one instance)."""
+    if instances > groups:
+        raise InputError(f"{instances} instances for the workload's {groups} groups: every instance needs at least "
+                         f"one group; give at most {groups} instances", key="--instances")
+    if slots < n:
+        raise InputError(f"--slots {slots} is below a group's {n} samples (n={n} of --workload): a group's samples "
+                         f"run together on one instance; give --slots {n} or more", key="--slots")
+
+
 def prepare(spec: str, cfg: SweepConfig, seed: int) -> Workbench:
     """Resolve the workload for `seed` and build its estimates and reference rollout bound."""
     wl = workload_from_spec(seeded_spec(spec, seed))
     check_kv_budget(cfg.kv_budget, wl.prompts.prompt_lens, wl.max_new_tokens)  # before any planning
+    check_cluster(cfg.instances, cfg.slots, len(wl.prompts), int(wl.prompts.n))
     est = make_estimator(EstimatorSection(kind=cfg.estimator), wl.truth).estimate(
         wl.prompts, wl.history, wl.max_new_tokens)
     orc = OracleEstimator(wl.truth).estimate(wl.prompts, wl.history, wl.max_new_tokens)

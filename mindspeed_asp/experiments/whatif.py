@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.config import EstimatorSection
+from mindspeed_asp.config import EstimatorSection, read_yaml
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.scheduler.estimators import make_estimator
 from mindspeed_asp.scheduler.planners import get_planner
@@ -155,15 +155,10 @@ def _config_get(data: dict, path: str, default=None):
 def setting_from_config(path: str, **overrides) -> Setting:
     """A setting for one MindSpeed-RL + ASP config (configs/*.yaml): model, devices, TP, batch, lengths and the
     config's own split. MoE instances span infer TP x EP devices; a config with max_lag 0 is colocated."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise InputError("config file not found", path=str(p), key="--config")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML ({exc})", path=str(p), key="--config") from None
+    data = read_yaml(p)  # strict UTF-8, a syntax error or a repeated key named with file and line
     model = _config_get(data, "megatron_training.model") or _config_get(data, "actor_config.model")
     if not model:
         raise InputError("no megatron_training.model", path=str(p), key="--config")

@@ -14,8 +14,10 @@ from typing import Any, Dict, List, Literal, Optional
 
 from pydantic import Field
 
-from mindspeed_asp.config import MSRL_SECTIONS, AspSection, Strict, apply_overrides, read_yaml, validate_section
+from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, Seed, Strict, apply_overrides, override_key, read_yaml,
+                                  validate_section)
 from mindspeed_asp.errors import ConfigError
+from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH
 from mindspeed_asp.runtime.metrics_log import DEFAULT_TRAINER_DEVICES
 
 #: On CPU the "devices" are logical slots: each instance is one vLLM process with `instance_threads` OpenMP
@@ -30,9 +32,9 @@ class ModelSection(Strict):
     path: Optional[str] = Field(None, description="HF model directory; with tiny=true and no path, the tiny model "
                                 "in the cache (ASP_CACHE_DIR, else ~/.cache/mindspeed_asp), never the working dir")
     tiny: bool = Field(True, description="build the random-initialised tiny Qwen2 model at `path` if missing")
-    init_seed: int = Field(0, description="seed of the tiny model's random weights (fixed across run seeds)")
+    init_seed: Seed = Field(0, description="seed of the tiny model's random weights (fixed across run seeds)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_model_len: int = Field(512, ge=16)
+    max_model_len: int = Field(512, ge=16, le=MAX_LENGTH)
     memory_fraction: float = Field(0.05, gt=0.0, le=1.0, description="vLLM gpu_memory_utilization")
 
 
@@ -40,12 +42,12 @@ class DataSection(Strict):
     """The prompts: the synthetic demo task (the only task a tiny random model can learn on CPU)."""
 
     task: Literal["demo"] = "demo"
-    num_prompts: int = Field(64, ge=1, description="prompt groups in the dataset (one epoch)")
-    n: int = Field(4, ge=2, description="samples per prompt (GRPO group size); at least 2: a group of one has a "
-                   "zero group-relative advantage, so the policy would never change")
-    max_new_tokens: int = Field(128, ge=1)
+    num_prompts: int = Field(64, ge=1, le=MAX_COUNT, description="prompt groups in the dataset (one epoch)")
+    n: int = Field(4, ge=2, le=MAX_COUNT, description="samples per prompt (GRPO group size); at least 2: a group of "
+                   "one has a zero group-relative advantage, so the policy would never change")
+    max_new_tokens: int = Field(128, ge=1, le=MAX_LENGTH)
     temperature: float = Field(1.0, gt=0.0)
-    seed: int = 0
+    seed: Seed = Field(0, description="seed of the demo prompts")
 
 
 class TrainerSection(Strict):
@@ -54,10 +56,10 @@ class TrainerSection(Strict):
     lr: float = Field(1e-3, gt=0.0)
     clip_eps: float = Field(0.2, gt=0.0)
     kl_coef: float = Field(0.0, ge=0.0)
-    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
+    micro_batch_size: int = Field(16, ge=1, le=MAX_COUNT, description="sequences per forward/backward")
     max_grad_norm: float = Field(1.0, gt=0.0)
-    threads: int = Field(1, ge=1, description="torch threads of the trainer")
-    devices: int = Field(DEFAULT_TRAINER_DEVICES, ge=1, description="devices the trainer counts as in "
+    threads: int = Field(1, ge=1, le=MAX_COUNT, description="torch threads of the trainer")
+    devices: int = Field(DEFAULT_TRAINER_DEVICES, ge=1, le=MAX_COUNT, description="devices the trainer counts as in "
                          "throughput/e2e_tps (every device the run uses, docs/design.md section 5); the reference "
                          "trainer is one process: 1")
     objective: Literal["standard", "decoupled"] = Field(
@@ -72,15 +74,18 @@ class TrainerSection(Strict):
 class RunSection(Strict):
     """How long to run, where to write, and the Ray/engine settings."""
 
-    steps: int = Field(4, ge=1, description="optimizer updates (each consumes asp.minibatch_groups groups)")
-    seed: int = 0
+    steps: int = Field(4, ge=1, le=MAX_COUNT, description="optimizer updates (each consumes asp.minibatch_groups "
+                       "groups)")
+    seed: Seed = Field(0, description="seed of the trainer (torch), the engines (vLLM) and the planner; each request "
+                       "samples with its own seed derived from it")
     out: str = "runs/train"
     ray_address: Optional[str] = Field(
         None, min_length=1, description="an existing Ray cluster to run on ('auto', 'host:port'); None = start a "
         "local Ray and stop it after the run. The run only disconnects from a cluster it did not start")
-    ray_num_cpus: int = Field(8, ge=1, description="logical CPUs of the local Ray (oversubscribed on purpose)")
-    ray_object_store_mb: int = Field(512, ge=64)
-    instance_threads: int = Field(1, ge=1, description="OpenMP threads per vLLM instance on CPU")
+    ray_num_cpus: int = Field(8, ge=1, le=MAX_COUNT,
+                              description="logical CPUs of the local Ray (oversubscribed on purpose)")
+    ray_object_store_mb: int = Field(512, ge=64, le=MAX_COUNT)
+    instance_threads: int = Field(1, ge=1, le=MAX_COUNT, description="OpenMP threads per vLLM instance on CPU")
     start_timeout_s: float = Field(180.0, gt=0.0, description="per instance start-up, retried once")
     step_timeout_s: float = Field(600.0, gt=0.0, description="longest wait for a finished group")
     stall_timeout_s: float = Field(
@@ -93,8 +98,8 @@ class RunSection(Strict):
     verify_weights: bool = Field(True, description="compare trainer and instance checksums after each sync")
     plots: bool = True
     checkpoint_every: int = Field(
-        0, ge=0, description="write a checkpoint (OUT/checkpoint) every this many updates; 0 = only when the run "
-        "stops (at the end, or on SIGINT/SIGTERM). `asp train --resume OUT` continues from the latest")
+        0, ge=0, le=MAX_COUNT, description="write a checkpoint (OUT/checkpoint) every this many updates; 0 = only "
+        "when the run stops (at the end, or on SIGINT/SIGTERM). `asp train --resume OUT` continues from the latest")
     target_reward: Optional[float] = Field(
         None, allow_inf_nan=False, description="reward whose reach (updates and seconds, trailing mean of 3 "
         "updates) the summary and `asp compare` report; None = not reported")
@@ -160,6 +165,26 @@ def validate_semantics(cfg: RunConfig, path: str, devices: Optional[int] = None)
     return cfg
 
 
+#: The run's key of each setting a dispatch plan depends on (scheduler/plan.py SETTINGS), for messages.
+PLAN_SETTING_KEYS = {"n": "data.n", "instances": "asp.instances", "slots": "asp.slots",
+                     "kv_budget": "asp.kv_budget_tokens", "minibatch_groups": "asp.minibatch_groups",
+                     "groups_per_iteration": "asp.replan_every x asp.minibatch_groups",
+                     "max_new_tokens": "data.max_new_tokens", "max_lag": "asp.max_lag",
+                     "work_stealing": "asp.work_stealing", "planner": "asp.planner"}
+
+
+def plan_settings(cfg: RunConfig, num_prompts: int) -> Dict[str, Any]:
+    """What a plan for this run must have been built with (`DispatchPlan.check_settings`): the run's values of
+    the plan's settings. A window is asp.replan_every x asp.minibatch_groups groups (the whole epoch of
+    `num_prompts` for replan_every 0), as the driver cuts them."""
+    asp = cfg.asp
+    window = asp.replan_every * asp.minibatch_groups if asp.replan_every > 0 else int(num_prompts)
+    return {"n": cfg.data.n, "instances": asp.instances, "slots": asp.slots, "kv_budget": asp.kv_budget_tokens,
+            "minibatch_groups": asp.minibatch_groups, "groups_per_iteration": window,
+            "max_new_tokens": cfg.data.max_new_tokens, "max_lag": asp.max_lag, "work_stealing": asp.work_stealing,
+            "planner": asp.planner}
+
+
 def config_from_dict(data: Dict[str, Any], path: str = "<dict>", overrides: Optional[List[str]] = None,
                      devices: Optional[int] = None) -> RunConfig:
     """Validate a parsed mapping (plus overrides) into a RunConfig."""
@@ -170,13 +195,16 @@ def config_from_dict(data: Dict[str, Any], path: str = "<dict>", overrides: Opti
         cfg = validate_section(data, RunConfig, path)
         return validate_semantics(cfg, path, devices)
     except ConfigError as exc:
-        # A key set on the command line is named as such, so nobody searches the file for it.
-        # A cross-field error names its key and quotes the other as `key=value`; either may be the override.
-        culprit = next((o for o in overrides or [] if exc.key and (o.split("=", 1)[0].strip() == exc.key
-                        or f"{o.split('=', 1)[0].strip()}=" in str(exc))), None)
-        if culprit is None:
+        # A key set on the command line is named as such, so nobody searches the file for it. A cross-field
+        # error names its key and quotes the other as `key=value`; either or both may be overrides, and each one
+        # that took part is named (a key is set by one override at most: apply_overrides refuses a second).
+        text = str(exc)
+        culprits = [o for o in overrides or [] if exc.key and (override_key(o) == exc.key
+                                                               or f"{override_key(o)}=" in text)]
+        if not culprits:
             raise
-        err = ConfigError(f"{exc} (from the command-line override {culprit!r})")
+        which = "override" if len(culprits) == 1 else "overrides"
+        err = ConfigError(f"{exc} (from the command-line {which} {', '.join(repr(o) for o in culprits)})")
         err.path, err.line, err.key = exc.path, exc.line, exc.key
         raise err from None
 

@@ -16,7 +16,10 @@ generation cap the lengths were produced under, ``"max_new_tokens": 16384``: it 
 trace's cap comes from the file rather than from its longest length (workloads/traces.py).
 ``append_rollout_log`` merges them: lines with the same (prompt_id, epoch), for example a group split over
 instances or regenerated after a lag violation, are concatenated into one record. A saved history file must
-instead hold each (prompt_id, epoch) once; a duplicate there is reported with its line.
+instead hold each (prompt_id, epoch) once; a duplicate there is reported with its line. Every length read from
+a file is an integer in 1 .. 10^7 tokens (`mindspeed_asp.limits.MAX_LENGTH`: a response has at least one
+token, and 10^7 is far above any context length) and every epoch in 0 .. 2^31 - 1; anything else is refused
+with the file, line (or row) and key.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import numpy as np
 from mindspeed_asp.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_jsonl_objects
+from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH, length_range_message, length_value
 
 SCHEMA_VERSION = 1
 CAP_METADATA = "mindspeed_asp.max_new_tokens"  # Parquet schema metadata key of a declared generation cap
@@ -409,9 +413,16 @@ class LengthHistory:
         bad = np.flatnonzero(epoch < 0)
         if len(bad):
             raise InputError(f"row {bad[0] + 1}: negative epoch {epoch[bad[0]]}", path=str(path), key="epoch")
-        if len(values) and (values < 0).any():
-            row = int(np.searchsorted(offsets, int(np.flatnonzero(values < 0)[0]), side="right") - 1)
-            raise InputError(f"row {row + 1}: negative length", path=str(path), key="lengths")
+        bad = np.flatnonzero(epoch > MAX_COUNT)
+        if len(bad):
+            raise InputError(f"row {bad[0] + 1}: epoch {epoch[bad[0]]} is out of range: 0 .. {MAX_COUNT}",
+                             path=str(path), key="epoch")
+        out = (values < 1) | (values > MAX_LENGTH)
+        if len(values) and out.any():
+            first = int(np.flatnonzero(out)[0])
+            row = int(np.searchsorted(offsets, first, side="right") - 1)
+            raise InputError(f"row {row + 1}: {length_range_message(int(values[first]))}", path=str(path),
+                             key="lengths")
         empty = np.flatnonzero(np.diff(offsets) == 0)
         if len(empty):
             raise InputError(f"row {empty[0] + 1}: empty lengths list", path=str(path), key="lengths")
@@ -421,11 +432,11 @@ class LengthHistory:
 
 
 def declared_cap_value(value, path: str, line: Optional[int]) -> int:
-    """A declared max_new_tokens, checked: a positive integer (errors name the file, line and key)."""
+    """A declared max_new_tokens, checked: an integer in 1 .. MAX_LENGTH (errors name the file, line and key)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(f"max_new_tokens must be a positive integer, got {value!r}", path=path, line=line,
                          key="max_new_tokens")
-    return int(value)
+    return length_value(value, path=path, line=line, key="max_new_tokens", what="max_new_tokens")
 
 
 def _kind(path: Path) -> str:
@@ -456,17 +467,16 @@ def _parse_record(rec: dict, lengths_keys: Tuple[str, ...], path: str, line: int
         raise InputError("missing or non-integer epoch", path=path, line=line, key="epoch")
     if epoch < 0:
         raise InputError(f"negative epoch {epoch}", path=path, line=line, key="epoch")
+    if epoch > MAX_COUNT:
+        raise InputError(f"epoch {epoch} is out of range: 0 .. {MAX_COUNT}", path=path, line=line, key="epoch")
     key = next((k for k in lengths_keys if k in rec), None)
     if key is None:
         raise InputError("missing lengths", path=path, line=line, key=lengths_keys[0])
     lens = rec[key]
     if not isinstance(lens, list) or not lens:
         raise InputError("lengths must be a non-empty list", path=path, line=line, key=key)
-    for v in lens:
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise InputError(f"length {v!r} is not an integer", path=path, line=line, key=key)
-        if v < 0:
-            raise InputError(f"negative length {v}", path=path, line=line, key=key)
+    for v in lens:  # before numpy: a length beyond int64 would overflow there with no line named
+        length_value(v, path=path, line=line, key=key)
     return str(pid), epoch, lens
 
 

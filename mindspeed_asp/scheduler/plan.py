@@ -11,19 +11,26 @@ contiguous dataset rows `[iteration_starts[i], iteration_starts[i+1])`, and the 
 fingerprint, estimator, planner and its parameters, cost model, build time, package version, predicted
 summary). Parquet keeps the header as JSON in the schema metadata; JSON Lines writes it as the first line.
 Loading refuses an unknown schema version and, given the dataset, a fingerprint mismatch
-(`PlanMismatchError`), so a plan can never silently drive another dataset.
+(`PlanMismatchError`), so a plan can never silently drive another dataset. The header also records the
+settings the plan depends on (`SETTINGS`: n, instances, slots, KV budget, minibatch, window, cap, lag bound,
+stealing, planner) and `plan_fingerprint`, a hash of those with the dataset fingerprint: a loaded header whose
+settings no longer hash to it was edited and is refused, and `check_settings` refuses a run whose settings
+differ, naming the setting. Every column value is range-checked on read (minibatch tags >= -1, predictions
+finite and >= 0, indices in range), naming the column and the line (JSON Lines) or row (Parquet).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from mindspeed_asp.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError, PlanMismatchError
 from mindspeed_asp.jsonl import iter_jsonl_objects
+from mindspeed_asp.limits import MAX_COUNT
 from mindspeed_asp.types import Assignment, PromptSet
 
 SCHEMA_VERSION = 1
@@ -32,7 +39,35 @@ META_KEY = b"mindspeed_asp.plan"
 COLUMNS = ("iteration", "instance", "position", "row", "prompt_id", "pred_median", "pred_group_max", "minibatch")
 _INT_COLS = ("iteration", "instance", "position", "row", "minibatch")
 _FLOAT_COLS = ("pred_median", "pred_group_max")
+#: The least value of each integer column: minibatch -1 is "untagged" (baselines; the trainer takes arrival order).
+_INT_MIN = {"iteration": 0, "instance": 0, "position": 0, "row": 0, "minibatch": -1}
+#: What a plan depends on besides its dataset: a run whose value differs would follow a plan made for another
+#: configuration (queues sized for other slots, tags for another minibatch, a window or lag bound it was not
+#: scored in). n is also part of the dataset fingerprint. Not here: the cost model and rho, which tune the
+#: planner's choices but make no plan invalid (the runtime fits its own), and the seed.
+SETTINGS = ("n", "instances", "slots", "kv_budget", "minibatch_groups", "groups_per_iteration", "max_new_tokens",
+            "max_lag", "work_stealing", "planner")
+#: The `asp plan` flag that sets each setting (for the message saying how to rebuild).
+SETTING_FLAGS = {"n": "--n", "instances": "--instances", "slots": "--slots", "kv_budget": "--kv-budget",
+                 "minibatch_groups": "--minibatch", "groups_per_iteration": "--groups-per-iteration",
+                 "max_new_tokens": "--max-new-tokens", "max_lag": "--max-lag", "work_stealing": "--no-work-stealing",
+                 "planner": "--planner"}
 PathLike = Union[str, Path]
+
+
+def plan_fingerprint(header: Mapping[str, Any]) -> str:
+    """Hash of the dataset fingerprint and the SETTINGS the header records: the plan's identity."""
+    fields = {k: header[k] for k in ("dataset_fingerprint",) + SETTINGS if k in header}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=_json_default).encode()).hexdigest()[:16]
+
+
+def _rebuild_hint(key: str, want: Any) -> str:
+    flag = SETTING_FLAGS.get(key, key)
+    if key == "work_stealing":
+        return "asp plan without --no-work-stealing" if want else "asp plan --no-work-stealing"
+    if want is None:
+        return f"asp plan without {flag}"
+    return f"asp plan {flag} {want}"
 
 
 def plan_format(path: PathLike, fmt: Optional[str] = None) -> str:
@@ -111,6 +146,7 @@ class DispatchPlan:
             # steals nothing
             "isolated_rows": sorted(int(g) + starts[it] for it, a in enumerate(assignments) for g in a.isolated),
         })
+        head["plan_fingerprint"] = plan_fingerprint(head)
         return cls(head, cols)
 
     # ------------------------------------------------------------------ checks
@@ -151,6 +187,27 @@ class DispatchPlan:
                 f"({self.header.get('dataset_origin') or 'unknown file'}, {self.header.get('num_groups')} groups, "
                 f"n={self.header.get('n')}), but {prompts.origin or 'the dataset'} has fingerprint {got} "
                 f"({len(prompts)} groups, n={prompts.n}); rebuild the plan with `asp plan --dataset ...`")
+
+    def check_settings(self, expected: Mapping[str, Any], keys: Optional[Mapping[str, str]] = None) -> List[str]:
+        """Refuse a plan built with other settings than `expected` (setting -> the run's value; see SETTINGS),
+        naming the first that differs, both values and the `asp plan` line that rebuilds it. `keys` names the
+        run's own key of each setting in the message (asp.slots, ...). Returns the settings the header does not
+        record (a header made by hand or by code that fills a partial one): those are not checked, and the
+        caller says so. `groups_per_iteration` compares the windows as cut: both sides capped at num_groups."""
+        unchecked = []
+        for key, want in expected.items():
+            if key not in self.header:
+                unchecked.append(key)
+                continue
+            have = self.header[key]
+            if key == "groups_per_iteration" and have is not None and want is not None:
+                have, want = min(int(have), self.num_groups), min(int(want), self.num_groups)
+            if have != want:
+                run_key = (keys or {}).get(key, key)
+                raise PlanMismatchError(
+                    f"plan {self.path or '<plan>'} was built with {key}={have!r}, but the run has "
+                    f"{run_key}={want!r}; rebuild the plan for this run (`{_rebuild_hint(key, want)}`)")
+        return unchecked
 
     # ------------------------------------------------------------------ indexing
     def _index_rows(self) -> None:
@@ -335,6 +392,22 @@ def _check_header(header: Any, where: str) -> None:
     for key in ("dataset_fingerprint", "num_groups", "instances", "iteration_starts"):
         if key not in header:
             raise InputError("plan header lacks a required field", path=where, key=key)
+    for key in ("num_groups", "instances"):
+        v = header[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not (0 if key == "num_groups" else 1) <= v <= MAX_COUNT:
+            raise InputError(f"expected an integer in {0 if key == 'num_groups' else 1} .. {MAX_COUNT}, got {v!r}",
+                             path=where, key=key)
+    starts = header["iteration_starts"]
+    if not isinstance(starts, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in starts):
+        raise InputError("iteration_starts must be a list of integers", path=where, key="iteration_starts")
+    # Plans written before plan_fingerprint existed have none: their recorded settings are still compared by
+    # check_settings (they have held them since schema version 1), only an edit of the header goes unnoticed.
+    stored = header.get("plan_fingerprint")
+    if stored is not None and stored != plan_fingerprint(header):
+        raise PlanMismatchError(
+            f"{where}: the header's settings ({', '.join(k for k in SETTINGS if k in header)}) no longer hash to "
+            f"its plan_fingerprint {stored} (they give {plan_fingerprint(header)}): the header was edited after "
+            "`asp plan` wrote it; rebuild the plan with `asp plan` instead of editing it")
 
 
 def _read_parquet(path: Path):
@@ -358,12 +431,24 @@ def _read_parquet(path: Path):
     if missing:
         raise InputError("plan table lacks a column", path=str(path), key=missing[0])
     cols = {k: np.asarray(table.column(k).to_numpy(zero_copy_only=False)) for k in COLUMNS}
+    for k in COLUMNS:
+        if table.column(k).null_count:
+            row = int(np.flatnonzero(np.asarray(table.column(k).is_null()))[0])
+            raise InputError(f"row {row + 1}: null value", path=str(path), key=k)
+    for k in _INT_COLS:
+        if cols[k].dtype.kind not in "iu":
+            raise InputError(f"expected an integer column, got {cols[k].dtype}", path=str(path), key=k)
+    for k in _FLOAT_COLS:
+        if cols[k].dtype.kind not in "iuf":
+            raise InputError(f"expected a numeric column, got {cols[k].dtype}", path=str(path), key=k)
+    _check_values(cols, str(path), lines=None)
     return header, cols
 
 
 def _read_jsonl(path: Path):
     header = None
     rows: Dict[str, list] = {k: [] for k in COLUMNS}
+    lines: List[int] = []
     for lineno, rec in iter_jsonl_objects(path):  # bad JSON, a non-object or non-UTF-8 names the line
         if header is None:
             header = rec
@@ -379,7 +464,10 @@ def _read_jsonl(path: Path):
                 raise InputError(f"expected a number, got {v!r}", path=str(path), line=lineno, key=k)
             if k == "prompt_id" and not isinstance(v, str):
                 raise InputError(f"expected a string, got {v!r}", path=str(path), line=lineno, key=k)
+            if k in _INT_COLS and not _INT_MIN[k] <= v <= MAX_COUNT:  # before numpy: a huge one overflows int64
+                raise InputError(_range_message(k, v), path=str(path), line=lineno, key=k)
             rows[k].append(v)
+        lines.append(lineno)
     if header is None:
         raise InputError("empty plan file", path=str(path))
     cols = {k: np.asarray(v, dtype=object if k == "prompt_id" else None) for k, v in rows.items()}
@@ -387,4 +475,32 @@ def _read_jsonl(path: Path):
         cols[k] = cols[k].astype(np.int64) if len(cols[k]) else np.zeros(0, dtype=np.int64)
     for k in _FLOAT_COLS:
         cols[k] = cols[k].astype(np.float64) if len(cols[k]) else np.zeros(0)
+    _check_values(cols, str(path), lines=lines)
     return header, cols
+
+
+def _range_message(key: str, value: Any) -> str:
+    if key == "minibatch":
+        return f"minibatch tag {value} is out of range: a tag is >= 0, or -1 for an untagged group"
+    return f"{key} {value} is out of range: {_INT_MIN[key]} .. {MAX_COUNT}"
+
+
+def _check_values(cols: Dict[str, np.ndarray], where: str, lines: Optional[Sequence[int]]) -> None:
+    """Refuse a value no plan holds: an index or tag out of range, a prediction that is NaN, infinite or
+    negative (the dispatcher ranks groups by them). Names the column and the line (`lines`, JSON Lines) or
+    the row (Parquet)."""
+    def refuse(key: str, i: int, message: str) -> None:
+        if lines is not None:
+            raise InputError(message, path=where, line=int(lines[i]), key=key)
+        raise InputError(f"row {i + 1}: {message}", path=where, key=key)
+
+    for k in _INT_COLS:
+        v = np.asarray(cols[k])
+        bad = np.flatnonzero((v < _INT_MIN[k]) | (v > MAX_COUNT))
+        if len(bad):
+            refuse(k, int(bad[0]), _range_message(k, int(v[bad[0]])))
+    for k in _FLOAT_COLS:
+        v = np.asarray(cols[k], dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
+        if len(bad):
+            refuse(k, int(bad[0]), f"prediction {float(v[bad[0]])!r} is not a finite number >= 0")

@@ -20,19 +20,15 @@ import numpy as np
 from mindspeed_asp.atomic import atomic_open
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_json_objects
+from mindspeed_asp.limits import length_value
 from mindspeed_asp.types import PromptSet
 
 PathLike = Union[str, Path]
 
 
 def _int_field(rec: dict, key: str, path: str, line: int) -> int:
-    v = rec[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise InputError(f"{key} must be an integer, got {v!r}", path=path, line=line, key=key)
-    v = int(v)
-    if v < 0:
-        raise InputError(f"negative length {v}", path=path, line=line, key=key)
-    return v
+    """A prompt length: an integer in 0 .. MAX_LENGTH tokens (mindspeed_asp/limits.py)."""
+    return length_value(rec[key], path=path, line=line, key=key, lo=0, what="prompt length", integral_floats=True)
 
 
 def load_prompt_set(path: PathLike, n: int = 8) -> PromptSet:
@@ -58,7 +54,7 @@ def load_prompt_set(path: PathLike, n: int = 8) -> PromptSet:
             toks = rec["prompt_token_ids"]
             if not isinstance(toks, list):
                 raise InputError("prompt_token_ids must be a list", path=spath, line=line, key="prompt_token_ids")
-            plen = len(toks)
+            plen = length_value(len(toks), path=spath, line=line, key="prompt_token_ids", lo=0, what="prompt length")
         else:
             raise InputError("missing prompt length", path=spath, line=line, key="prompt_len")
         src = rec.get("source")

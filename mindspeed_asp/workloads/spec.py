@@ -27,6 +27,7 @@ from typing import Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.limits import LENGTH_BOUND_TEXT, MAX_LENGTH
 from mindspeed_asp.memory_budget import check_fits, planning_bytes, synthesis_bytes
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.types import PromptSet
@@ -96,6 +97,8 @@ def _resolved(trace, cap: Optional[int], spec: str) -> ResolvedWorkload:
     longest = int(max(trace.truth.max(initial=0), trace.history.max_length()))
     if cap < 1:
         raise InputError(f"cap must be >= 1, got {cap}", key="cap")
+    if cap > MAX_LENGTH:
+        raise InputError(f"cap must be <= {LENGTH_BOUND_TEXT}, got {cap}", key="cap")
     if cap < longest:
         raise InputError(f"cap={cap} is below the longest length in the trace ({longest})", key="cap")
     return ResolvedWorkload(trace.prompts, trace.history, trace.truth, int(cap), spec)
@@ -147,6 +150,9 @@ def workload_from_spec(spec: str) -> ResolvedWorkload:
         path, text = _split_path(rest)
         opts = _parse_options(text, spec, {"target": str, "prompt_len": int, "cap": int})
         target = opts.get("target", "t0.7")
+        if not 0 <= int(opts.get("prompt_len", 0)) <= MAX_LENGTH:
+            raise InputError(f"prompt_len must be in 0 .. {LENGTH_BOUND_TEXT}, got {opts['prompt_len']}",
+                             key="prompt_len")
         trace = load_alpaca(path, target=None if target == "all" else str(target),
                             prompt_len=int(opts.get("prompt_len", 0)))
         return _resolved(trace, opts.get("cap"), spec)

@@ -38,6 +38,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindspeed_asp.limits import LENGTH_BOUND_TEXT, MAX_LENGTH, MAX_SEED
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.types import PromptSet
 
@@ -153,6 +154,11 @@ class SyntheticRLWorkload:
             raise ParameterError("median_tokens", "median_tokens must be > 0")
         if int(p["max_new_tokens"]) < 1:
             raise ParameterError("max_new_tokens", "max_new_tokens must be >= 1")
+        for key in ("median_tokens", "max_new_tokens", "prompt_len_median"):  # token lengths: mindspeed_asp/limits.py
+            if float(p[key]) > MAX_LENGTH:
+                raise ParameterError(key, f"{key} must be <= {LENGTH_BOUND_TEXT}, got {p[key]}")
+        if not 0 <= int(seed) <= MAX_SEED:
+            raise ParameterError("seed", f"seed must be in 0 .. {MAX_SEED}, got {seed}")
         lo, hi = _spread(p["sigma_within"], "sigma_within")
         self.mode, self.params = mode, p
         self.num_prompts, self.n, self.epochs, self.seed = int(num_prompts), int(n), int(epochs), int(seed)

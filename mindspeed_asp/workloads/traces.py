@@ -12,7 +12,9 @@
 
 The generation cap (max_new_tokens) of a trace comes from the data: the cap the file declares when it does (a
 ``"max_new_tokens"`` key on the records of a JSON/JSON Lines trace, or the Parquet schema metadata of a history
-file), else the longest length in the file. A declared cap below a length in the file is an error.
+file), else the longest length in the file. A declared cap below a length in the file is an error. Every length
+is read as an integer in 1 .. 10^7 tokens and every prompt length in 0 .. 10^7 (`mindspeed_asp.limits`), else
+the file, line and column are named.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import numpy as np
 
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_json_objects
+from mindspeed_asp.limits import length_value
 from mindspeed_asp.textfile import read_text
 from mindspeed_asp.scheduler.history import LengthHistory, declared_cap_value
 from mindspeed_asp.types import PromptSet
@@ -66,12 +69,7 @@ def trace_cap(observed_max: int, declared: Optional[int], path: str) -> Tuple[in
 def _length_value(rec: dict, key: str, path: str, line: int) -> int:
     if key not in rec:
         raise InputError("missing column", path=path, line=line, key=key)
-    v = rec[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise InputError(f"length must be an integer, got {v!r}", path=path, line=line, key=key)
-    if v < 0:
-        raise InputError(f"negative length {v}", path=path, line=line, key=key)
-    return int(v)
+    return length_value(rec[key], path=path, line=line, key=key, integral_floats=True)
 
 
 def load_alpaca(path: PathLike, target: Optional[str] = "t0.7", prompt_len: int = 0) -> LengthTrace:
@@ -159,10 +157,13 @@ def load_splitwise(path: PathLike, n: int = 8) -> LengthTrace:
                     v = float(row[idx])
                 except ValueError:
                     raise InputError(f"not a number: {row[idx]!r}", path=spath, line=lineno, key=name) from None
-                if v < 0 or not float(v).is_integer():
+                if v < 0 or not np.isfinite(v) or not float(v).is_integer():
                     raise InputError(f"invalid length {row[idx]!r} (must be a non-negative integer)",
                                      path=spath, line=lineno, key=name)
-                vals.append(int(v))
+                # a request generates at least one token; its prompt may be empty
+                vals.append(length_value(v, path=spath, line=lineno, key=name, integral_floats=True,
+                                         lo=0 if name == "num_prefill_tokens" else 1,
+                                         what="prompt length" if name == "num_prefill_tokens" else "length"))
             prefill.append(vals[0])
             decode.append(vals[1])
     G = len(decode) // n
