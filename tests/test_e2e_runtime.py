@@ -196,7 +196,7 @@ def test_asp_follows_offline_plan_file_then_replans(tmp_path, tiny_model):
     from mindspeed_asp.runtime.driver import task_and_prompts
     from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
 
-    cfg = load_run_config(packaged_config_path(), BASE + ["data.num_prompts=8"])
+    cfg = load_run_config(packaged_config_path(), BASE)  # 8 prompts, as the run below
     _, prompts = task_and_prompts(cfg)
     est = estimate_lengths(prompts, None, cfg.data.max_new_tokens)
     plan = build_plan(prompts, est, instances=2, slots=cfg.asp.slots, minibatch=4,

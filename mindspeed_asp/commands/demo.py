@@ -82,11 +82,16 @@ def handler(args: argparse.Namespace) -> int:
     prepare_run_dir(out, overwrite=True, key="--out", markers=("compare.txt",))
     from mindspeed_asp.runtime import ray_utils
     from mindspeed_asp.runtime.driver import QUIET_ENV, run_training
-    from mindspeed_asp.runtime.stop_signals import exit_status
+    from mindspeed_asp.runtime.stop_signals import RunInterrupted, exit_status
     # The engines' own log lines (vLLM start-up, per-sync reload notices) would bury the table: they stay in
     # Ray's session logs (/tmp/ray/session_latest/logs) unless --verbose; actor errors still reach us.
-    ray_utils.start_local_ray(num_cpus=cfgs[0].run.ray_num_cpus, object_store_mb=cfgs[0].run.ray_object_store_mb,
-                              env=QUIET_ENV, log_to_driver=bool(args.verbose))
+    try:
+        ray_utils.start_local_ray_shielded(num_cpus=cfgs[0].run.ray_num_cpus,
+                                           object_store_mb=cfgs[0].run.ray_object_store_mb, env=QUIET_ENV,
+                                           log_to_driver=bool(args.verbose))
+    except RunInterrupted as exc:
+        print(f"asp demo: {exc} while Ray started: stopped, nothing run", file=sys.stderr)
+        return exit_status(exc.signum)
     try:
         for (name, _, _), cfg in zip(variants, cfgs):
             print(f"== {name}: {cfg.asp.instances} instances, {cfg.run.steps} updates of "

@@ -162,13 +162,15 @@ def handler(args: argparse.Namespace) -> int:
     from mindspeed_asp.runtime.stop_signals import RunAborted, RunInterrupted, exit_status
 
     local = cfg.run.ray_address is None
-    if local:
-        # As in `asp demo`: the engines' own log lines (vLLM start-up and warnings, per-sync reload notices)
-        # stay in Ray's session logs unless --verbose; actor errors still reach us.
-        plat = platform_from_name(cfg.run.platform) if cfg.run.platform else current_platform()
-        ray_utils.start_local_ray(num_cpus=cfg.run.ray_num_cpus, object_store_mb=cfg.run.ray_object_store_mb,
-                                  platform=plat, env=QUIET_ENV, log_to_driver=bool(args.verbose))
     try:
+        if local:
+            # As in `asp demo`: the engines' own log lines (vLLM start-up and warnings, per-sync reload notices)
+            # stay in Ray's session logs unless --verbose; actor errors still reach us. A signal while Ray
+            # starts stops once it is whole (no half-started Ray, no crash at exit).
+            plat = platform_from_name(cfg.run.platform) if cfg.run.platform else current_platform()
+            ray_utils.start_local_ray_shielded(num_cpus=cfg.run.ray_num_cpus,
+                                               object_store_mb=cfg.run.ray_object_store_mb, platform=plat,
+                                               env=QUIET_ENV, log_to_driver=bool(args.verbose))
         summary = run_training(cfg, out, progress=not args.quiet, resume=ckpt)
     except RunInterrupted as exc:
         print(f"asp train: {exc} during start-up: stopped, nothing trained in this part"
@@ -183,6 +185,10 @@ def handler(args: argparse.Namespace) -> int:
             ray_utils.stop_local_ray()
     print(format_summary(summary, out))
     if summary.get("interrupted"):
+        if summary.get("stop_reason"):  # the run stopped itself (Ray's GCS gone): not a signal, exit 1
+            print(f"stopped at update {summary.get('steps')} of {summary.get('steps_planned')}: "
+                  f"{summary['stop_reason']}; checkpoint written; continue with: asp train --resume {out}")
+            return 1
         print(f"interrupted by {summary.get('stop_signal')} at update {summary.get('steps')} of "
               f"{summary.get('steps_planned')}; checkpoint written; continue with: asp train --resume {out}")
         return exit_status(signal.Signals[summary["stop_signal"]]) if summary.get("stop_signal") else 1

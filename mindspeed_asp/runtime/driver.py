@@ -186,10 +186,15 @@ class Driver:
         if self.mode == "asp" and cfg.asp.plan_path:
             from mindspeed_asp.scheduler.plan import DispatchPlan
 
+            from mindspeed_asp.runtime.run_config import PLAN_SETTING_KEYS, plan_settings
+
             self.plan_file = DispatchPlan.load(cfg.asp.plan_path, prompts=self.prompt_set)
             if self.plan_file.instances != cfg.asp.instances:
                 raise RunError(f"plan {cfg.asp.plan_path} is for {self.plan_file.instances} instances, "
                                f"the run has asp.instances={cfg.asp.instances}")
+            # every setting the plan depends on (asp train checks it before Ray starts; code that calls
+            # run_training directly, benchmarks and the demo, gets the same refusal here)
+            self.plan_file.check_settings(plan_settings(cfg, len(self.prompt_list)), PLAN_SETTING_KEYS)
         if self.mode == "asp":
             from mindspeed_asp.runtime.replan import WindowPlanner
 

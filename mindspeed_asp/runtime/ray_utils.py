@@ -84,6 +84,24 @@ def start_local_ray(num_cpus: int = 8, object_store_mb: int = 512, platform: Opt
     return {"reused": False, "address": getattr(ctx, "address_info", {}).get("gcs_address")}
 
 
+def start_local_ray_shielded(**kwargs: Any) -> Dict[str, Any]:
+    """`start_local_ray` for a command's main thread: a SIGINT/SIGTERM while Ray starts is honoured once Ray is
+    whole (`StopSignals.shielded`), as `RunInterrupted` after this Ray is shut down again."""
+    from mindspeed_asp.runtime.stop_signals import RunInterrupted, StopSignals
+
+    stop = StopSignals(announce=True)
+    installed = stop.install()
+    try:
+        with stop.shielded():
+            return start_local_ray(**kwargs)
+    except RunInterrupted:
+        stop_local_ray()
+        raise
+    finally:
+        if installed:
+            stop.restore()
+
+
 def local_gcs_lost() -> Optional[str]:
     """Why the GCS of the Ray this process started is gone (its process exited, with its code); None while it
     runs, or when this process did not start the Ray it is connected to."""
