@@ -267,9 +267,10 @@ def check_unique_overrides(overrides: List[str], source: str = "command line") -
 
 
 def apply_overrides(data: Dict[str, Any], overrides: List[str], source: str = "command line") -> Dict[str, Any]:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested mapping, in place. A key set by two of
-    them is refused (`check_unique_overrides`)."""
-    check_unique_overrides(overrides, source)
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested mapping, in place, in order: code that
+    composes a base list with its own (tests, benchmarks, `asp demo`'s variants) gets the later value. Overrides
+    typed on a command line are checked first by the commands (`check_unique_overrides`): there a key given
+    twice is a typo, refused naming both."""
     for item in overrides:
         key, raw = item.split("=", 1)
         node = data
