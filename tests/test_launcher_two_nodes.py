@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +20,8 @@ import pytest
 pytest.importorskip("ray", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 pytest.importorskip("hydra", reason="needs hydra-core (MindSpeed-RL's config system)")
 
+from launcher_nodes import free_port as _free_port  # noqa: E402
+from launcher_nodes import stop_launcher as _stop  # noqa: E402
 from vendor_paths import mindspeed_rl_src, missing_reason  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,12 +45,6 @@ print("PROBE " + json.dumps({"task": ray.get(probe.remote(), timeout=120), "npu_
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _RAY_TMP = tempfile.mkdtemp(prefix="asp-2n-", dir="/tmp")  # short (AF_UNIX paths); not /tmp/ray: a later bare
 # ray.init() elsewhere in the suite must not find these clusters as "the one running on this machine"
 
@@ -69,16 +63,6 @@ def _env(tmp_path: Path, rank: int, port: int, **extra: str) -> dict:
 def _start(script: str, env: dict, log: Path) -> subprocess.Popen:
     return subprocess.Popen(["bash", "-c", f"source {COMMON}; {script}"], env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # the script's trap stops exactly its own `ray start`
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
 
 
 @pytest.mark.timeout(600)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,8 @@ from typing import Any, Dict
 
 import pytest
 
+from launcher_nodes import free_port as _free_port
+from launcher_nodes import stop_launcher as _stop
 from mindspeed_asp.integrations.mindspeed_rl.first_run_report import FAIL, Bounds, check_engines
 from mindspeed_asp.integrations.mindspeed_rl.log_reader import read_iterations
 
@@ -57,12 +57,6 @@ print("PREP " + json.dumps({"overrides": ovr, "rc": rc}), flush=True)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(work: Path, ray_tmp: str, msrl: Path, rank: int, port: int, **extra: str) -> Dict[str, str]:
     """A node's launch environment: what a cluster user exports, nothing from this test process's paths."""
     env = {k: v for k, v in os.environ.items()
@@ -81,16 +75,6 @@ def _env(work: Path, ray_tmp: str, msrl: Path, rank: int, port: int, **extra: st
 def _launch(line: str, env: Dict[str, str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(["bash", "-c", f"source {shlex.quote(str(COMMON))}; {line}"], env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # the launcher's trap stops exactly its own `ray start`
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
