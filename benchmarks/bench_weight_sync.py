@@ -85,7 +85,7 @@ def checksum_cost(mb: float, device_name: str = "cpu", repeats: int = 3) -> Dict
     """Time and peak extra memory of each checksum on a bf16 [rows, 3584] tensor of about `mb` MiB."""
     import torch
 
-    from mindspeed_asp.runtime.weight_sync import tensor_checksum
+    from mindspeed_asp.runtime.weight_sync.checksums import tensor_checksum
 
     device = torch.device(device_name)
     rows = max(1, round(mb * (1 << 20) / (HIDDEN * 2)))
@@ -153,12 +153,13 @@ def main(argv=None) -> int:
 
     import ray
 
-    from mindspeed_asp.runtime import weight_sync as ws
     from mindspeed_asp.runtime.instance import start_instances
     from mindspeed_asp.runtime.platform import current_platform
     from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray
     from mindspeed_asp.runtime.tiny_model import ensure_tiny_model, load_hf_model
     from mindspeed_asp.runtime.types import EngineConfig, GroupRequest
+    from mindspeed_asp.runtime.weight_sync.instance_sync import init_weight_sync, sync_weights
+    from mindspeed_asp.runtime.weight_sync.sender import WeightSyncSender
 
     plat = current_platform()
     model_dir = args.model_dir or ensure_tiny_model()
@@ -167,9 +168,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     actors, infos = start_instances([cfg] * args.instances, platform=plat, timeout_s=300)
     start_total = time.perf_counter() - t0
-    sender = ws.WeightSyncSender(plat, "127.0.0.1", 0, world_size=1 + args.instances,
-                                 bucket_bytes=int(args.bucket_mb * (1 << 20)))
-    ws.init_weight_sync(sender, actors)
+    sender = WeightSyncSender(plat, "127.0.0.1", 0, world_size=1 + args.instances,
+                              bucket_bytes=int(args.bucket_mb * (1 << 20)))
+    init_weight_sync(sender, actors)
     model = load_hf_model(model_dir)
     rows = []
     try:
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
                              for i, a in enumerate(actors)])
                     time.sleep(0.5)
                 version = len(rows) + 1
-                stats = ws.sync_weights(sender, actors, version, model.state_dict().items())
+                stats = sync_weights(sender, actors, version, model.state_dict().items())
                 rows.append({"busy": busy, "version": version, "seconds": stats.seconds,
                              "send_seconds": stats.send_seconds, "bytes": stats.bytes,
                              "buckets": stats.buckets, "instance_seconds": stats.instance_seconds,

@@ -86,7 +86,7 @@ def test_cuda_instance_generates_with_logprobs(cuda_env):
 @pytest.mark.skipif(_gpus() < 2, reason="NCCL weight sync needs 2 GPUs (trainer and instance on separate devices)")
 def test_nccl_sync_matches_hf(cuda_env):
     from mindspeed_asp.runtime.types import GroupRequest
-    from mindspeed_asp.runtime.weight_sync import checksums_match
+    from mindspeed_asp.runtime.weight_sync.checksums import checksums_match
 
     ray = cuda_env["ray"]
     inst = _instance(cuda_env)
@@ -109,11 +109,12 @@ def test_nccl_sync_matches_hf(cuda_env):
                     p.add_(torch.randn(p.shape, generator=g).to(p.device) * 0.5 * (p.std() + 0.02))
 
         def sync(self, instances, version):
-            from mindspeed_asp.runtime import weight_sync as ws
+            from mindspeed_asp.runtime.weight_sync.instance_sync import init_weight_sync, sync_weights
+            from mindspeed_asp.runtime.weight_sync.sender import WeightSyncSender
 
-            sender = ws.WeightSyncSender(self.platform, "127.0.0.1", 0, world_size=2, bucket_bytes=256 << 10)
-            ws.init_weight_sync(sender, instances)
-            stats = ws.sync_weights(sender, instances, version, self.model.state_dict().items())
+            sender = WeightSyncSender(self.platform, "127.0.0.1", 0, world_size=2, bucket_bytes=256 << 10)
+            init_weight_sync(sender, instances)
+            stats = sync_weights(sender, instances, version, self.model.state_dict().items())
             sender.close()
             return {"verified": stats.verified, "bytes": stats.bytes, "seconds": stats.seconds,
                     "checksums": stats.checksums, "backend": self.platform.dist_backend}

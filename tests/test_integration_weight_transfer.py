@@ -23,7 +23,7 @@ from mindspeed_asp.integrations.mindspeed_rl.weight_transfer import (  # noqa: E
     backend_platform,
     sync_deadline,
 )
-from mindspeed_asp.runtime.weight_sync import free_port  # noqa: E402
+from mindspeed_asp.runtime.weight_sync.group_store import free_port  # noqa: E402
 
 VERSIONS = (1, 2, 3, 4, 5)
 CORRUPT_VERSION, CORRUPT_RANK = 4, 2
@@ -43,15 +43,16 @@ def _label(rank: int) -> str:
 
 def _count_communicators():
     """Count group formations in this process (the objects must build theirs once, not per round)."""
-    import mindspeed_asp.runtime.weight_sync as ws
+    from mindspeed_asp.runtime.weight_sync import communicators, receiver, sender
 
-    real, count = ws.make_communicator, [0]
+    real, count = communicators.make_communicator, [0]
 
     def counting(*args, **kwargs):
         count[0] += 1
         return real(*args, **kwargs)
 
-    ws.make_communicator = counting
+    for mod in (sender, receiver):  # the modules whose objects form the groups look the name up there
+        mod.make_communicator = counting
     return count
 
 

