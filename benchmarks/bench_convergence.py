@@ -41,7 +41,7 @@ from _results import write_results
 
 #: run kinds -> overrides of the tiny config
 RUN_KINDS: Dict[str, List[str]] = {
-    "stock": ["asp.mode=stock"],
+    "stock": ["asp.mode=stock", "asp.max_lag=0"],  # stock trains at lag 0 only (a nonzero asp.max_lag is refused)
     "asp_lag0": ["asp.mode=asp", "asp.max_lag=0"],
     "asp_lag1": ["asp.mode=asp", "asp.max_lag=1"],
     "asp_lag2": ["asp.mode=asp", "asp.max_lag=2"],

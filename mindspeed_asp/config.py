@@ -5,22 +5,32 @@ training YAML (MindSpeed-RL reads only its own sections). Validation is strict: 
 type is an error naming the key and the file. Every YAML the project reads goes through `load_yaml_text`, which
 refuses a key given twice in one mapping (PyYAML keeps the last one silently, so a typo'd copy would hide the
 value meant), naming the file, line and key.
+
+Declared once here and used by both config kinds: the loss settings (`ObjectiveSection`: `trainer.*` in a run
+config, `asp.*` in a MindSpeed-RL YAML), timeouts (`Timeout`), seeds (`Seed`) and the mode-dependent
+`asp.max_lag`. A command-line flag that sets a key becomes an override of it (`flag_override`), validated with
+the file (`validate_overridden`), so a flag and `key=value` are checked and named alike.
 """
 from __future__ import annotations
 
+import copy
+import json
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Literal, Optional, Set, Tuple, Type, TypeVar
+from typing import (Annotated, Any, Callable, ClassVar, Dict, List, Literal, Mapping, Optional, Set, Tuple, Type,
+                    TypeVar)
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from mindspeed_asp.errors import ConfigError
-from mindspeed_asp.limits import MAX_COUNT, MAX_SEED
+from mindspeed_asp.limits import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S
 from mindspeed_asp.planner_names import PLANNER_NAMES
 from mindspeed_asp.textfile import read_text
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def _numeric_only(annotation: Any) -> bool:
@@ -62,6 +72,36 @@ def _seed_in_range(value: int) -> int:
 Seed = Annotated[int, AfterValidator(_seed_in_range)]
 
 
+def _timeout_in_range(value: float) -> float:
+    if value > MAX_TIMEOUT_S:
+        raise ValueError(f"a timeout is at most {MAX_TIMEOUT_S} s (7 days, MAX_TIMEOUT_S in mindspeed_asp/limits.py): "
+                         "no start, step or sync of a run waits longer, so this is a slip that would leave a hung run "
+                         "waiting for weeks")
+    return value
+
+
+#: A timeout key, in seconds: > 0 and at most MAX_TIMEOUT_S, refused naming the key when the config is read.
+Timeout = Annotated[float, Field(gt=0.0), AfterValidator(_timeout_in_range)]
+
+
+class ObjectiveSection(Strict):
+    """The policy loss of an update, declared once for both trainers that read it: the standalone runtime's
+    reference trainer (as `trainer.objective`, `trainer.iw_cap`, `trainer.iw_mode`) and MindSpeed-RL's loss
+    patch (the same keys in the `asp:` section). Why one declaration: both run the same loss function
+    (runtime/grpo.py), so the same value must be accepted or refused, with the same words, in either file."""
+
+    objective: Literal["standard", "decoupled"] = Field(
+        "decoupled", description="decoupled (default, chosen from the convergence benchmark): PPO's clip against "
+        "the proximal policy (the trainer's log-probs before the update; MindSpeed-RL: its recomputed old "
+        "log-probs) times an importance weight proximal / behaviour policy, truncated at iw_cap; standard: PPO's "
+        "ratio against the behaviour log-probs. The two are identical at lag 0 (docs/trainer.md)")
+    iw_cap: float = Field(2.0, ge=1.0, description="decoupled: upper clip of the importance weight pi_prox/pi_behav; "
+                          "at least 1, since a cap below 1 would down-weight on-policy tokens")
+    iw_mode: Literal["token", "sequence"] = Field(
+        "token", description="decoupled: one importance weight per token, or one per sequence (the product of its "
+        "token ratios)")
+
+
 class EstimatorSection(Strict):
     """How response lengths are predicted from the length history (docs/design.md section 4)."""
 
@@ -83,15 +123,26 @@ class CostSection(Strict):
     file: Optional[str] = Field(None, description="JSON written by `asp fit-cost`; overrides a/b/c/p")
 
 
+#: The `asp.max_lag` a mode trains at when the config does not say: synchronous modes at 0, the others at 1.
+DEFAULT_MAX_LAG = 1
+
+
 class AspSection(Strict):
     """ASP's own settings, valid inside a MindSpeed-RL YAML as the top-level `asp:` section."""
+
+    #: modes that train at lag 0 only, with why: their `max_lag` defaults to 0 and any other value is refused
+    #: (a stock run at `max_lag: 1` would otherwise run at 0 while its config and records said 1)
+    LAG0_MODES: ClassVar[Dict[str, str]] = {"stock": "MindSpeed-RL's synchronous schedule"}
 
     mode: Literal["asp", "async", "stock"] = "asp"
     instances: int = Field(2, ge=1, le=MAX_COUNT, description="independent inference instances")
     slots: int = Field(64, ge=1, le=MAX_COUNT, description="max concurrent sequences per instance (vLLM max_num_seqs)")
     kv_budget_tokens: Optional[int] = Field(None, ge=1, le=MAX_COUNT)
     minibatch_groups: int = Field(4, ge=1, le=MAX_COUNT, description="trainer minibatch M, in prompt groups")
-    max_lag: int = Field(1, ge=0, le=MAX_COUNT, description="max policy lag of any trained sample; 0 = synchronous")
+    max_lag: int = Field(None, ge=0, le=MAX_COUNT, validate_default=True,
+                         description="max policy lag of any trained sample; 0 = synchronous. Unset: 1, and 0 in a "
+                         "mode that trains at lag 0 only (LAG0_MODES: stock; in MindSpeed-RL also colocated), "
+                         "where any other value is refused")
     stale_policy: Literal["drop", "regenerate"] = "regenerate"
     work_stealing: bool = True
     planner: str = "asp"
@@ -120,6 +171,38 @@ class AspSection(Strict):
         if name not in PLANNER_NAMES:
             raise ValueError(f"unknown planner; choose one of: {', '.join(PLANNER_NAMES)}")
         return name
+
+    @field_validator("max_lag", mode="before")
+    @classmethod
+    def _default_lag_of_the_mode(cls, value: Any, info: ValidationInfo) -> Any:
+        """Unset (None) is the mode's own default: 0 for a lag-0 mode, else DEFAULT_MAX_LAG."""
+        if value is None:
+            return 0 if info.data.get("mode") in cls.LAG0_MODES else DEFAULT_MAX_LAG
+        return value
+
+    @field_validator("max_lag")
+    @classmethod
+    def _lag_fits_the_mode(cls, value: int, info: ValidationInfo) -> int:
+        mode = info.data.get("mode")
+        if mode in cls.LAG0_MODES and value != 0:
+            raise ValueError(lag0_message(cls, str(mode)))
+        return value
+
+    @model_validator(mode="after")
+    def _mode_set_later(self) -> "AspSection":
+        """A mode assigned after construction (validate_assignment) takes its lag-0 default too, unless a max_lag
+        was given, which is then refused as at construction."""
+        if self.mode in self.LAG0_MODES and self.max_lag != 0:
+            if "max_lag" in self.model_fields_set:
+                raise ValueError(f"asp.max_lag={self.max_lag}: {lag0_message(type(self), self.mode)}")
+            self.__dict__["max_lag"] = 0
+        return self
+
+
+def lag0_message(model: Type["AspSection"], mode: str) -> str:
+    """Why `asp.max_lag` must be 0 (or unset) in `mode`, naming both keys and what to do."""
+    return (f"asp.mode={mode} trains at lag 0 only ({model.LAG0_MODES[mode]}), so asp.max_lag must be 0: set it "
+            "to 0 or leave it out")
 
 
 def _format_loc(loc: tuple) -> str:
@@ -239,12 +322,68 @@ def read_yaml(path: str | Path) -> Dict[str, Any]:
     return data
 
 
-def load_asp_section(path: str | Path) -> AspSection:
-    """The `asp:` section of any YAML (a MindSpeed-RL training config or a standalone run config)."""
-    data = read_yaml(path)
-    if "asp" not in data:
-        raise ConfigError("no top-level 'asp:' section", path=str(path))
-    return validate_section(data["asp"], AspSection, str(path), prefix="asp")
+def load_asp_section(path: str | Path, overrides: Optional[List[str]] = None,
+                     flags: Optional[Mapping[str, str]] = None) -> AspSection:
+    """The `asp:` section of a standalone run config or of a YAML holding only that section, with `overrides`
+    applied (`flags`: see `validate_overridden`)."""
+    return asp_section_from_dict(read_yaml(path), str(path), overrides, flags)
+
+
+def asp_section_from_dict(data: Dict[str, Any], path: str, overrides: Optional[List[str]] = None,
+                          flags: Optional[Mapping[str, str]] = None) -> AspSection:
+    """`load_asp_section` of a mapping already read (each process reads its YAML once)."""
+    def validate(d: Dict[str, Any]) -> AspSection:
+        if "asp" not in d:
+            raise ConfigError("no top-level 'asp:' section", path=path)
+        return validate_section(d["asp"], AspSection, path, prefix="asp")
+    return validate_overridden(data, overrides or [], path, validate, flags)
+
+
+def flag_override(key: str, value: Any) -> str:
+    """The `key=value` override a command-line flag stands for, so a flag is validated (and named in errors)
+    exactly as an override of its key is. A string YAML would read as something else is quoted: `host:port`,
+    `123` or `a: b` stay strings."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (int, float)):
+        text = repr(value)
+    elif value is None:
+        text = "null"
+    else:
+        text = str(value)
+        try:
+            same = parse_yaml(text) == text
+        except YamlProblem:
+            same = False
+        if not same:
+            text = json.dumps(text)
+    return f"{key}={text}"
+
+
+def validate_overridden(data: Mapping[str, Any], overrides: List[str], path: str,
+                        validate: Callable[[Dict[str, Any]], T], flags: Optional[Mapping[str, str]] = None) -> T:
+    """`validate` (a callable that raises ConfigError) on a copy of `data` with `overrides` applied in order.
+
+    An error caused by an override says so, naming it, so nobody searches the file for the value: a key set by
+    an override, or a cross-field error quoting an override's key as `key=value` (each override that took part
+    is named). `flags` maps an override that a command-line flag stands for to the flag as typed
+    (`--instances 0`), named beside it."""
+    data = copy.deepcopy(dict(data))
+    if overrides:
+        apply_overrides(data, list(overrides))
+    try:
+        return validate(data)
+    except ConfigError as exc:
+        text = str(exc)
+        culprits = [o for o in overrides or [] if exc.key and (override_key(o) == exc.key
+                                                               or f"{override_key(o)}=" in text)]
+        if not culprits:
+            raise
+        which = "override" if len(culprits) == 1 else "overrides"
+        named = ", ".join(repr(o) + (f" ({flags[o]})" if flags and o in flags else "") for o in culprits)
+        err = ConfigError(f"{exc} (from the command-line {which} {named})")
+        err.path, err.line, err.key = exc.path, exc.line, exc.key
+        raise err from None
 
 
 def override_key(item: str) -> str:

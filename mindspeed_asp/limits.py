@@ -22,6 +22,11 @@ MAX_SEED = 2**32 - 1
 #: while sums over 10^5 groups x n samples of such lengths stay far inside int64 and float64's exact range.
 MAX_LENGTH = 10**7
 LENGTH_BOUND_TEXT = f"{MAX_LENGTH:,} tokens"
+#: Upper bound for a timeout in seconds (run.*_timeout_s, asp.*_timeout_s): 7 days. Why: no engine start, step,
+#: stall or weight sync of a real run waits that long, so a larger value is a slip (milliseconds written as
+#: seconds, a stray digit) that would leave a hung run waiting for weeks; and Python's own waits refuse more than
+#: threading.TIMEOUT_MAX with an OverflowError that names no key.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def length_value(value: Any, *, path: Optional[str] = None, line: Optional[int] = None, key: Optional[str] = None,

@@ -25,7 +25,10 @@ audit="$RUN_DIR/first_run_audit.jsonl"
 rm -f "$audit"
 asp_prepare "$config" "++asp.audit_path=$audit" "++asp.weight_probe_every=1" "++actor_config.save=$RUN_DIR/ckpt" \
     "++megatron_training.save_interval=$TRAIN_ITERS" "$@"
-[ "$ASP_MODE" != "stock" ] || die "$config runs asp.mode stock: the first-run checks need ASP's trainer (asp or async)"
+case "$ASP_MODE" in
+  asp|async) ;;
+  *) die "$config runs asp.mode $ASP_MODE: the first-run checks need ASP's trainer and rollout pool (asp or async)" ;;
+esac
 npus="${NPUS_PER_NODE:-16}"
 [ "$ASP_TOTAL_NPUS" -le "$npus" ] || die "$config needs $ASP_TOTAL_NPUS NPUs; the first run uses one node of $npus"
 asp_start_ray "$npus"

@@ -23,7 +23,7 @@
 #   HCCL_IF_BASE_PORT [64000]  LCAL_COMM_ID [127.0.0.1:27001]  (give concurrent jobs on a node distinct values:
 #     runtime_env.yaml does not override them, Ray workers inherit them from `ray start`)
 #   HCCL_CONNECT_TIMEOUT [1800]  HCCL_EXEC_TIMEOUT [3600]  HCCL_BUFFSIZE [256]
-#   ASCEND_TOOLKIT_HOME [/usr/local/Ascend/ascend-toolkit/latest]  ASP_MODE_OVERRIDE (stock runs: see compare)
+#   ASCEND_TOOLKIT_HOME [/usr/local/Ascend/ascend-toolkit/latest]
 #   ASP_RESUME [auto]  auto: when actor_config.save holds a checkpoint with ASP's state, the run resumes it
 #     (load from save; finetune, no_load_optim, no_load_rng false); off: the config as written (a start that
 #     would discard a saved ASP state is refused by the driver unless asp.ignore_saved_state: true)
@@ -95,24 +95,25 @@ asp_prepare() {
   # Ray runs the worker setup hook before it puts the driver's paths on sys.path: every node's `ray start`
   # must already see MindSpeed-RL (the hook also prepends MINDSPEED_RL_SRC itself)
   export PYTHONPATH="$MINDSPEED_RL_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-  # The overrides (and TRAIN_ITERS) composed into one file: MindSpeed-RL and ASP read the same values
+  export ASP_PLAN="${ASP_PLAN:-$RUN_DIR/plan.parquet}"  # the YAML's ${oc.env:ASP_PLAN}, as validated below
+  # The overrides (and TRAIN_ITERS) composed into one file: MindSpeed-RL and ASP read the same values. The same
+  # Python process validates it and prints the only variables this script reads (config_section.SHELL_VARS):
+  # every other setting reaches each process through the file.
   local composed overrides=()
   if [ -n "${TRAIN_ITERS:-}" ]; then overrides+=("megatron_training.train_iters=$TRAIN_ITERS"); fi
   overrides+=("$@")
   composed="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.launch_config "$source_file" "$RUN_DIR/config" \
               --msrl-root "$MINDSPEED_RL_ROOT" --resume "${ASP_RESUME:-auto}" -- "${overrides[@]}")" || exit 2
-  eval "$composed"  # ASP_COMPOSED_CONFIG, ASP_HYDRA_ARGS, ASP_RESUME_ITERATION
+  # ASP_COMPOSED_CONFIG, ASP_HYDRA_ARGS, ASP_MODE, ASP_TOTAL_NPUS, ASP_TRAIN_NPUS, ASP_TRAIN_ITERS, ASP_SEED,
+  # ASP_PROBE_TOLERANCE
+  eval "$composed"
   CONFIG_FILE="$ASP_COMPOSED_CONFIG"
   CONFIG_DIR="$(dirname "$CONFIG_FILE")"
   [ "${#overrides[@]}" -eq 0 ] || log "composed $CONFIG with ${overrides[*]} into $CONFIG_FILE"
   export ASP_MSRL_CONFIG="$CONFIG_FILE"
-  export ASP_PLAN="${ASP_PLAN:-$RUN_DIR/plan.parquet}"
   ASP_RUNTIME_ENV="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.setup_hook)"
   export ASP_RUNTIME_ENV
   export ASP_RAY_NAMESPACE="${ASP_RAY_NAMESPACE:-asp_${CONFIG}}"
-  local vars
-  vars="$("$PY" -m mindspeed_asp.integrations.mindspeed_rl.config_section "$CONFIG_FILE")" || exit 2
-  eval "$vars"
   TRAIN_ITERS="$ASP_TRAIN_ITERS"  # the composed file's (TRAIN_ITERS, when set, was composed into it)
   # Refuse another MindSpeed-RL commit unless ASP_ALLOW_UNPINNED_MINDSPEED_RL=1.
   "$PY" -c "
@@ -161,8 +162,8 @@ asp_show_env() {
 }
 
 asp_build_plan() {
-  # Head node only: the plan must exist before training starts.
-  [ "$ASP_MODE" = "asp" ] || return 0
+  # Head node only: the plan must exist before training starts (modes asp and colocated follow it).
+  case "$ASP_MODE" in asp|colocated) ;; *) return 0 ;; esac
   local prompts="${ASP_PROMPTS:-$RUN_DIR/prompts.jsonl}"
   local export_cmd=("$PY" -m mindspeed_asp.integrations.mindspeed_rl.export_prompts --config "$CONFIG_FILE"
                     -o "$prompts" --train-iters "$TRAIN_ITERS")
@@ -170,14 +171,9 @@ asp_build_plan() {
     log "exporting the MindSpeed-RL prompt dataset to $prompts (in the loader's draw order)"
     if dry_run; then show_cmd "${export_cmd[@]}"; else (cd "$MINDSPEED_RL_ROOT" && "${export_cmd[@]}"); fi
   fi
-  # `asp plan` reads the scheduler's part of the asp: section (the loss keys are the trainer's).
-  local section="$RUN_DIR/asp_section.yaml"
-  "$PY" -m mindspeed_asp.integrations.mindspeed_rl.config_section --scheduler-section "$CONFIG_FILE" "$section" \
-      || die "cannot write $section"
-  local args=(--dataset "$prompts" --config "$section" --instances "$ASP_INSTANCES" --slots "$ASP_SLOTS"
-              --minibatch "$ASP_GBS" --groups-per-iteration "$ASP_GBS" --n "$ASP_N"
-              --max-new-tokens "$ASP_MAX_TOKENS" --planner "$ASP_PLANNER" --seed "$ASP_SEED"
-              --json "$RUN_DIR/plan_summary.json" -o "$ASP_PLAN")
+  # `asp plan` reads the composed training YAML itself: the instances that follow the plan, slots, batch
+  # (= one plan window), n, max tokens, seed, max_lag, KV budget, planner, estimator and cost all come from it.
+  local args=(--dataset "$prompts" --config "$CONFIG_FILE" --json "$RUN_DIR/plan_summary.json" -o "$ASP_PLAN")
   if [ -n "${ASP_HISTORY:-}" ]; then args+=(--history "$ASP_HISTORY"); fi
   if [ -n "${ASP_COST:-}" ]; then args+=(--cost "$ASP_COST"); fi
   log "building the dispatch plan: asp plan ${args[*]}"

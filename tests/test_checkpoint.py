@@ -138,7 +138,7 @@ def test_recorder_continues_metrics_and_clock(tmp_path):
 
 # --------------------------------------------------------------------------------------------- history
 def test_window_planner_round_trip_cuts_the_rollout_log_to_the_checkpoint(tmp_path):
-    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.tasks import task_and_prompts
     from mindspeed_asp.runtime.replan import WindowPlanner
     from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
 
@@ -211,11 +211,14 @@ def test_resume_config_allows_extending_and_refuses_changing_the_run(tmp_path):
     cfg = resume_config(saved, str(tmp_path), 4, ["run.steps=10", "run.checkpoint_every=1"], where)
     assert cfg.run.steps == 10 and cfg.run.out == str(tmp_path) and cfg.asp.max_lag == saved["asp"]["max_lag"]
     assert resume_config(saved, str(tmp_path), 4, [f"asp.max_lag={saved['asp']['max_lag']}"], where).run.steps == 6
-    for override, key in (("asp.max_lag=2", "asp.max_lag"), ("asp.mode=stock", "asp.mode"),
+    for override, key in (("asp.max_lag=2", "asp.max_lag"), ("asp.mode=async", "asp.mode"),
                           ("asp.minibatch_groups=4", "asp.minibatch_groups"), ("run.seed=5", "run.seed")):
         with pytest.raises(ConfigError, match="cannot change") as exc:
             resume_config(saved, str(tmp_path), 4, [override], where)
         assert exc.value.key == key
+    with pytest.raises(ConfigError, match=r"asp\.mode=stock trains at lag 0 only") as exc:
+        resume_config(saved, str(tmp_path), 4, ["asp.mode=stock"], where)  # refused by the config itself first
+    assert exc.value.key == "asp.max_lag"
     with pytest.raises(ConfigError, match="nothing left to run") as exc:
         resume_config(saved, str(tmp_path), 6, [], where)
     assert exc.value.key == "run.steps"
@@ -277,3 +280,15 @@ def test_compare_marks_an_interrupted_run():
                                                        "steps_planned": 6}]
     _, rows = compare_table(runs)
     assert rows[0][0] == "a" and rows[1][0] == "b [interrupted 3/6]"
+
+
+def test_a_stock_checkpoint_that_recorded_another_max_lag_resumes_at_lag_0(tmp_path):
+    """Stock checkpoints written while a stock config could still say max_lag 1 (the driver trained at 0) resume
+    at lag 0; the config now refuses stock with another max_lag, which would otherwise refuse them."""
+    from mindspeed_asp.runtime.resume import resume_config
+    from mindspeed_asp.runtime.run_config import dump_config, load_run_config, packaged_config_path
+
+    saved = dump_config(load_run_config(packaged_config_path(), ["asp.mode=stock", "run.steps=6"]))
+    saved["asp"]["max_lag"] = 1  # as such a checkpoint recorded it
+    cfg = resume_config(saved, str(tmp_path), 4, ["run.steps=8"], str(tmp_path / "state.json"))
+    assert cfg.asp.mode == "stock" and cfg.asp.max_lag == 0 and cfg.run.steps == 8

@@ -6,21 +6,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mindspeed_asp.config import AspSection, load_asp_section, validate_section
+from mindspeed_asp.config import load_asp_section
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.integrations.mindspeed_rl.config_section import (
-    LOSS_KEYS, load_topology, resolve_env, rollout_dispatch_size, scheduler_section, shell_vars, topology_from_dict)
+    LOSS_KEYS, SHELL_VARS, load_topology, resolve_env, rollout_dispatch_size, shell_vars, topology_from_dict)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ASCEND = ["qwen25_7b_A3_asp", "qwen25_32b_A3_asp", "qwen25_32b_A2_asp", "qwen3_8b_A3_asp", "qwen3_30b_a3b_dapo_A3_asp"]
 
-# name -> (train NPUs, rollout NPUs, instances, infer TP, separate pool)
+# name -> (mode, train NPUs, rollout NPUs, instances, infer TP, separate pool)
 EXPECTED = {
-    "qwen25_7b_A3_asp": (8, 8, 8, 1, True),
-    "qwen25_32b_A3_asp": (16, 16, 8, 2, True),
-    "qwen25_32b_A2_asp": (16, 16, 8, 2, True),
-    "qwen3_8b_A3_asp": (8, 8, 8, 1, True),
-    "qwen3_30b_a3b_dapo_A3_asp": (16, 0, 16, 1, False),
+    "qwen25_7b_A3_asp": ("asp", 8, 8, 8, 1, True),
+    "qwen25_32b_A3_asp": ("asp", 16, 16, 8, 2, True),
+    "qwen25_32b_A2_asp": ("asp", 16, 16, 8, 2, True),
+    "qwen3_8b_A3_asp": ("asp", 8, 8, 8, 1, True),
+    "qwen3_30b_a3b_dapo_A3_asp": ("colocated", 16, 0, 16, 1, False),
 }
 
 
@@ -28,11 +28,10 @@ EXPECTED = {
 def test_config_asp_section_and_topology(name, monkeypatch):
     monkeypatch.delenv("ASP_PLAN", raising=False)
     path = CONFIGS / f"{name}.yaml"
-    section = validate_section(scheduler_section(path)["asp"], AspSection, str(path), "asp")  # what asp plan reads
-    assert section.mode == "asp"
     topo = load_topology(path)
     assert (topo.asp.objective, topo.asp.iw_cap, topo.asp.iw_mode) == ("decoupled", 2.0, "token")
-    train, rollout, inst, tp, separate = EXPECTED[name]
+    mode, train, rollout, inst, tp, separate = EXPECTED[name]
+    assert topo.asp.mode == mode and topo.plan_ordered
     assert (topo.train_npus, topo.rollout_npus, topo.instances, topo.infer_tp, topo.separate_pool) == \
         (train, rollout, inst, tp, separate)
     # e2e_tps' devices: trainer + the separate pool, or the colocated NPUs once (docs/design.md section 5)
@@ -51,7 +50,6 @@ def test_env_reference_resolution(monkeypatch):
     monkeypatch.setenv("ASP_PLAN", "/data/p.parquet")
     topo = load_topology(CONFIGS / "qwen25_7b_A3_asp.yaml")
     assert topo.asp.plan_path == "/data/p.parquet"
-    assert "ASP_PLAN_PATH=/data/p.parquet" in shell_vars(topo)
     monkeypatch.delenv("NOT_SET_VAR_ASP", raising=False)
     with pytest.raises(ConfigError, match="NOT_SET_VAR_ASP"):
         resolve_env({"a": "${oc.env:NOT_SET_VAR_ASP}"}, "f.yaml")
@@ -69,11 +67,16 @@ def _base():
     (lambda d: d["asp"].update(slots=4096), "asp.slots"),
     (lambda d: d["asp"].update(bogus=1), "asp.bogus"),
     (lambda d: d["rl_config"].update(partial_rollout_max_split=2), "rl_config.partial_rollout_max_split"),
-    (lambda d: d["asp"].update(max_lag=0, instances=3), "asp.instances"),
+    (lambda d: d["asp"].update(mode="colocated", max_lag=0, instances=3), "asp.instances"),
+    (lambda d: d["asp"].update(mode="colocated"), "asp.max_lag"),  # the file's max_lag: 1, in a lag-0 mode
+    (lambda d: d["asp"].update(mode="stock"), "asp.max_lag"),
+    (lambda d: d["asp"].update(sync_timeout_s=8 * 24 * 3600), "asp.sync_timeout_s"),
+    (lambda d: d["asp"].update(engine_start_timeout_s=1e12), "asp.engine_start_timeout_s"),
+    (lambda d: d["asp"].update(placement_timeout_s=0), "asp.placement_timeout_s"),
     (lambda d: d["rl_config"]["actor_resource"].update(num_npus="8"), "rl_config.actor_resource.num_npus"),
     (lambda d: d.pop("generate_config"), "generate_config"),
     (lambda d: d["asp"].update(objective="ppo"), "asp.objective"),
-    (lambda d: d["asp"].update(iw_cap=1.0), "asp.iw_cap"),
+    (lambda d: d["asp"].update(iw_cap=0.99), "asp.iw_cap"),
     (lambda d: d["asp"].update(iw_cap="big"), "asp.iw_cap"),
     (lambda d: d["asp"].update(iw_mode="group"), "asp.iw_mode"),
     (lambda d: d["generate_config"].update(enable_expert_parallel=True, infer_expert_parallel_size=8),
@@ -93,8 +96,79 @@ def test_contradictions_name_the_key(edit, key):
 def test_stock_mode_has_no_separate_pool():
     data = _base()
     data["asp"]["mode"] = "stock"
+    del data["asp"]["max_lag"]  # unset: 0 in mode stock
     topo = topology_from_dict(data)
     assert not topo.separate_pool and topo.rollout_npus == 0 and topo.total_npus == topo.train_npus
+    assert topo.asp.max_lag == 0 and not topo.plan_ordered
+
+
+def test_the_deployment_follows_the_mode_not_max_lag():
+    """max_lag 0 in mode asp used to switch to MindSpeed-RL's colocated engines (8 NPUs instead of 16 for this
+    config, silently): the pool stays, synchronous; the colocated deployment is its own mode."""
+    data = _base()
+    data["asp"]["max_lag"] = 0
+    topo = topology_from_dict(data)
+    assert topo.separate_pool and not topo.colocated_plan and topo.plan_ordered
+    assert (topo.instances, topo.rollout_npus, topo.total_npus) == (8, 8, 16)
+    data["asp"].update(mode="colocated")
+    topo = topology_from_dict(data)
+    assert topo.colocated_plan and not topo.separate_pool and topo.plan_ordered
+    assert (topo.instances, topo.rollout_npus, topo.total_npus) == (8, 0, 8)
+    del data["asp"]["max_lag"]
+    assert topology_from_dict(data).asp.max_lag == 0  # unset: the mode's lag 0
+    data["asp"]["max_lag"] = 2
+    with pytest.raises(ConfigError, match=r"asp\.mode=colocated trains at lag 0 only") as exc:
+        topology_from_dict(data, "x.yaml")
+    assert exc.value.key == "asp.max_lag"
+    data["asp"].update(mode="async", max_lag=0)
+    assert topology_from_dict(data).separate_pool  # as before
+
+
+def test_the_standalone_runtime_refuses_the_colocated_mode(tmp_path):
+    """`colocated` means MindSpeed-RL's own engines: only the MindSpeed-RL section takes it."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("asp:\n  mode: colocated\n")
+    with pytest.raises(ConfigError) as exc:
+        load_asp_section(cfg)
+    assert exc.value.key == "asp.mode"
+
+
+def test_the_objective_keys_are_declared_once_for_both_trainers():
+    """trainer.objective/iw_cap/iw_mode (standalone) and asp.objective/iw_cap/iw_mode (MindSpeed-RL): one
+    declaration, the same checks and descriptions, so a value is accepted or refused alike in either file."""
+    from mindspeed_asp.config import ObjectiveSection
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import MsrlAspSection
+    from mindspeed_asp.runtime.run_config import TrainerSection, load_run_config
+
+    for key in ("objective", "iw_cap", "iw_mode"):
+        own = ObjectiveSection.model_fields[key]
+        for model in (TrainerSection, MsrlAspSection):
+            got = model.model_fields[key]
+            assert (got.default, got.description, got.metadata) == (own.default, own.description, own.metadata)
+    tiny = CONFIGS / "tiny_cpu.yaml"
+    assert load_run_config(tiny, ["trainer.iw_cap=1.0"]).trainer.iw_cap == 1.0  # was refused here (gt 1)...
+    data = _base()
+    data["asp"]["iw_cap"] = 1.0
+    assert topology_from_dict(data).asp.iw_cap == 1.0
+    data["asp"]["iw_cap"] = 0.99  # ...and below 1 refused in both, in the same words
+    with pytest.raises(ConfigError) as msrl:
+        topology_from_dict(data, "x.yaml")
+    with pytest.raises(ConfigError) as standalone:
+        load_run_config(tiny, ["trainer.iw_cap=0.99"])
+    assert str(msrl.value).split("'asp.iw_cap': ")[1] == str(standalone.value).split("'trainer.iw_cap': ")[1].split(
+        " (from the command-line")[0]
+
+
+def test_the_launchers_shell_variables_are_the_ones_their_scripts_read():
+    """Every variable `shell_vars` prints is read by a script in shell/, and nothing else is printed."""
+    import re
+    topo = load_topology(CONFIGS / "qwen25_7b_A3_asp.yaml")
+    printed = dict(line.split("=", 1) for line in shell_vars(topo).splitlines())
+    assert set(printed) == set(SHELL_VARS)
+    scripts = "\n".join(p.read_text() for p in (CONFIGS.parent / "shell").glob("*.sh"))
+    for var in printed:
+        assert re.search(r"\$\{?" + var + r"\b", scripts), f"{var} is printed but no shell/ script reads it"
+    assert printed["ASP_MODE"] == "asp" and printed["ASP_TOTAL_NPUS"] == "16"
 
 
 def test_rollout_dispatch_size_splits_every_instance():
@@ -103,7 +177,9 @@ def test_rollout_dispatch_size_splits_every_instance():
     assert rollout_dispatch_size([6, 2], 16, 8, 2) == 32
 
 
-def test_objective_keys_default_and_stay_out_of_the_scheduler_section(tmp_path):
+def test_objective_keys_default_and_are_read_through_the_adapter_only(tmp_path):
+    from mindspeed_asp.commands.plan import read_config
+
     data = _base()
     for k in LOSS_KEYS:
         data["asp"].pop(k, None)
@@ -115,15 +191,16 @@ def test_objective_keys_default_and_stay_out_of_the_scheduler_section(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="unknown key"):
         load_asp_section(path)  # the standalone model does not know the loss keys...
-    (tmp_path / "sched.yaml").write_text(yaml.safe_dump(scheduler_section(path)))
-    assert load_asp_section(tmp_path / "sched.yaml").instances == 8  # ...so asp plan reads this
+    section, topo = read_config(str(path), [], {})  # ...so asp plan tells the file's kind and reads it whole
+    assert section.instances == 8 and topo is not None and topo.asp.iw_mode == "sequence"
 
 
 def _moe():
     return yaml.safe_load((CONFIGS / "qwen3_30b_a3b_dapo_A3_asp.yaml").read_text())
 
 
-@pytest.mark.parametrize("asp", [{"max_lag": 1}, {"max_lag": 2}, {"mode": "async", "max_lag": 0}])
+@pytest.mark.parametrize("asp", [{"mode": "asp", "max_lag": 1}, {"mode": "asp", "max_lag": 2},
+                                 {"mode": "asp", "max_lag": 0}, {"mode": "async", "max_lag": 0}])
 def test_moe_config_refuses_the_asynchronous_pool_before_ray(asp, monkeypatch):
     """Qwen3-30B-A3B (MoE, EP8 inference): the separate pool cannot transfer expert weights."""
     monkeypatch.delenv("ASP_PLAN", raising=False)
@@ -143,10 +220,10 @@ def test_moe_without_ep_flags_is_refused_from_mindspeed_rls_model_file(tmp_path,
     data = _moe()
     data["generate_config"].update(enable_expert_parallel=False, infer_expert_parallel_size=1)
     data["actor_config"]["expert_model_parallel_size"] = 1
-    data["asp"]["max_lag"] = 1
+    data["asp"].update(mode="asp", max_lag=1)
     with pytest.raises(ConfigError, match="model.num_experts"):
         topology_from_dict(data, "moe.yaml")
-    data["asp"]["max_lag"] = 0
+    data["asp"].update(mode="colocated", max_lag=0)
     assert topology_from_dict(data).colocated_plan  # MindSpeed-RL's own engines: allowed
 
 
@@ -171,13 +248,13 @@ def test_asp_plan_takes_the_training_yaml_as_it_is(name, tmp_path, monkeypatch, 
     """A user points `asp plan --config` at the per-model YAML the launch script runs: the loss keys it holds
     are validated and left to the trainer, and the plan takes the config's scheduler settings."""
     from mindspeed_asp.cli import main
-    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_scheduler_section
+    from mindspeed_asp.commands.plan import read_config
     from mindspeed_asp.scheduler.plan import load_plan
     from mindspeed_asp.workloads.prompts import load_prompt_set
 
     monkeypatch.delenv("ASP_PLAN", raising=False)
     path = CONFIGS / f"{name}.yaml"
-    section = load_scheduler_section(path)
+    section, _ = read_config(str(path), [], {})
     topo = load_topology(path)
     assert (section.instances, section.slots, section.max_lag) == (topo.asp.instances, topo.asp.slots,
                                                                    topo.asp.max_lag)
@@ -219,3 +296,46 @@ def test_asp_plan_and_lengths_still_name_a_bad_key_of_a_training_yaml(tmp_path, 
     assert main(["lengths", "eval", "--trace", "synthetic:prompts=50,n=4", "--config", str(bad), "--json",
                  str(out)]) == 0
     assert json.loads(out.read_text())["estimator_section"]["group_max_quantile"] == 0.7
+
+
+@pytest.mark.parametrize("name", ["qwen3_8b_A3_asp", "qwen3_30b_a3b_dapo_A3_asp"])
+def test_asp_plan_takes_the_runs_shape_from_a_training_yaml(name, tmp_path, monkeypatch, capsys):
+    """The launcher passes no shape flags (it used to read them back from shell variables): `asp plan --config`
+    on a MindSpeed-RL YAML plans for the instances that follow the plan (the pool's, or the colocated engines'),
+    one global batch per window, and the run's n, max tokens, seed and KV budget."""
+    from mindspeed_asp.cli import main
+    from mindspeed_asp.scheduler.plan import load_plan
+
+    monkeypatch.delenv("ASP_PLAN", raising=False)
+    path = CONFIGS / f"{name}.yaml"
+    topo = load_topology(path)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt_id": f"q{i}", "prompt_len": 20 + i}) + "\n"
+                            for i in range(2 * topo.gbs)))
+    out = tmp_path / "plan.parquet"
+    assert main(["plan", "--dataset", str(data), "--config", str(path), "--no-progress", "--no-advice",
+                 "-o", str(out)]) == 0
+    capsys.readouterr()
+    h = load_plan(out).header
+    assert (h["instances"], h["minibatch_groups"], h["groups_per_iteration"]) == (topo.instances, topo.gbs, topo.gbs)
+    assert (h["max_new_tokens"], h["seed"], h["max_lag"], h["slots"]) == (topo.max_tokens, topo.seed,
+                                                                          topo.asp.max_lag, topo.asp.slots)
+    assert load_plan(out).num_iterations == 2 and h["n"] == topo.n
+
+
+def test_asp_plan_builds_the_plan_a_training_yaml_names_none_of_yet(tmp_path, monkeypatch, capsys):
+    """The run refuses mode asp without asp.plan_path; `asp plan`, which writes it, reads the YAML all the same."""
+    from mindspeed_asp.cli import main
+
+    monkeypatch.delenv("ASP_PLAN", raising=False)
+    data = _base()
+    data["asp"].pop("plan_path")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="asp.plan_path"):
+        load_topology(path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_id": f"q{i}", "prompt_len": 20 + i}) + "\n" for i in range(32)))
+    assert main(["plan", "--dataset", str(prompts), "--config", str(path), "--no-progress", "--no-advice",
+                 "-o", str(tmp_path / "plan.parquet")]) == 0
+    capsys.readouterr()

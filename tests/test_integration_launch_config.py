@@ -85,6 +85,38 @@ def test_the_module_prints_shell_variables(tmp_path, capsys):
     assert rc == 0 and f"ASP_COMPOSED_CONFIG={tmp_path / 'qwen3_8b_A3_asp.yaml'}" in out
     assert "ASP_HYDRA_ARGS=(hydra.run.dir=/h)" in out
     assert load_topology(str(tmp_path / "qwen3_8b_A3_asp.yaml")).asp.max_lag == 2
+    # exactly the variables the scripts read: no ASP_MAX_LAG, ASP_INSTANCES, ASP_PLAN_PATH, ... any more
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import SHELL_VARS
+    printed = {line.split("=", 1)[0] for line in out.splitlines() if "=" in line}
+    assert printed == {"ASP_COMPOSED_CONFIG", "ASP_HYDRA_ARGS", *SHELL_VARS}
+    assert "ASP_MODE=asp" in out and "ASP_TOTAL_NPUS=16" in out and "ASP_TRAIN_ITERS=" in out
     config = str(ROOT / "configs" / "qwen3_8b_A3_asp.yaml")
     rc = lc.main([config, str(tmp_path), "--msrl-root", str(MSRL), "--", "oops"])
     assert rc == 2 and "'oops' is not a Hydra override" in capsys.readouterr().err
+
+
+@needs_msrl
+def test_the_module_validates_the_composed_file_naming_the_key(tmp_path, capsys):
+    """The process that composes the file also reads it once and validates it (the shell used to start a second
+    Python for that): a stock run keeping the file's max_lag: 1 is refused before Ray starts, naming both keys."""
+    config = str(ROOT / "configs" / "qwen25_7b_A3_asp.yaml")
+    rc = lc.main([config, str(tmp_path), "--msrl-root", str(MSRL), "--", "asp.mode=stock"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "asp.max_lag" in err and "asp.mode=stock trains at lag 0 only" in err
+    rc = lc.main([config, str(tmp_path), "--msrl-root", str(MSRL), "--", "asp.mode=stock", "asp.max_lag=0"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "ASP_MODE=stock" in out and "ASP_TOTAL_NPUS=8" in out  # stock: the trainer's NPUs only
+
+
+def test_composed_files_are_read_with_the_strict_reader(tmp_path):
+    """A key given twice is refused naming file, line and key (yaml.safe_load kept the last one silently)."""
+    composed = tmp_path / "run.yaml"
+    composed.write_text("actor_config:\n  save: ./ckpt_a\n  save: ./ckpt_b\n")
+    with pytest.raises(ConfigError, match="duplicate key") as err:
+        lc.resume_overrides(composed, tmp_path, [])
+    assert err.value.key == "actor_config.save" and err.value.line == 3
+    assert lc.resume_overrides({"actor_config": {"save": "./none"}}, tmp_path, []) == ([], None)  # a mapping too
+    data = {"asp": {"max_lag": 1}}
+    lc.check_entry_overrides(["asp.max_lag=1"], data, "run.yaml")  # the same value: fine
+    with pytest.raises(ConfigError, match=r"asp\.max_lag=\{a: 1, a: 2\}"):
+        lc.check_entry_overrides(["asp.max_lag={a: 1, a: 2}"], data, "run.yaml")  # not YAML: kept as text

@@ -63,7 +63,7 @@ def _prepare(tmp_path, *overrides, **env_extra):
     for k in {"ASP_PLAN", "TRAIN_ITERS", "ASP_RESUME"} - set(env_extra):
         env.pop(k, None)
     out = subprocess.run(["bash", "-c", f"source {SHELL / 'msrl_common.sh'}; asp_prepare qwen25_7b_A3_asp "
-                          + " ".join(overrides) + '; echo "RESUME=$ASP_RESUME_ITERATION"'],
+                          + " ".join(overrides)],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     composed = yaml.safe_load((tmp_path / "run" / "config" / "qwen25_7b_A3_asp.yaml").read_text())
@@ -75,7 +75,7 @@ def test_the_first_launch_runs_the_shipped_settings(tmp_path):
     _, actor, out = _prepare(tmp_path)
     assert (actor["load"], actor["save"], actor["finetune"], actor["no_load_optim"]) == \
         ("./ckpt", "./ckpt_asp", True, True)
-    assert "RESUME=0" in out.stdout
+    assert "resuming" not in out.stderr
 
 
 @needs_hydra
@@ -85,9 +85,9 @@ def test_a_relaunch_resumes_from_the_save_directory(tmp_path):
     _, actor, out = _prepare(tmp_path)
     assert (actor["load"], actor["finetune"], actor["no_load_optim"], actor["no_load_rng"]) == \
         ("./ckpt_asp", False, False, False)
-    assert "RESUME=100" in out.stdout and "resuming iteration 100" in out.stderr
+    assert "resuming iteration 100" in out.stderr
     # the launch line's own choice wins (and the driver then refuses it, by key: see the test above)
     _, actor, _ = _prepare(tmp_path, "actor_config.no_load_optim=true")
     assert actor["no_load_optim"] is True and actor["finetune"] is False
     _, actor, out = _prepare(tmp_path, ASP_RESUME="off")
-    assert (actor["load"], actor["finetune"]) == ("./ckpt", True) and "RESUME=0" in out.stdout
+    assert (actor["load"], actor["finetune"]) == ("./ckpt", True) and "resuming" not in out.stderr

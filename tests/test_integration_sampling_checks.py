@@ -6,7 +6,7 @@
   asynchronous pool), so reused prompt KV would come from older weights.
 - TransferQueue (`rl_config.data_strategy: tq`): its per-consumer column registry never carries ASP's columns.
 
-Stock mode and asp with max_lag 0 (MindSpeed-RL's own colocated engines) keep all three.
+Modes stock and colocated (MindSpeed-RL's own colocated engines) keep all three.
 """
 from pathlib import Path
 from typing import Any, Callable, Dict
@@ -64,7 +64,7 @@ def test_non_neutral_sampling_is_refused_in_the_separate_pool(values: Dict[str, 
     _sampling(**values)(data)
     msg = _refused(data, f"{SAMPLING}.{key}")
     assert "raw log-probs" in msg and "temperature-scaled" in msg  # why
-    assert "max_lag: 0" in msg and "asp.mode: stock" in msg  # what to do
+    assert "asp.mode: colocated" in msg and "asp.mode: stock" in msg  # what to do
 
 
 @pytest.mark.parametrize("values", [
@@ -112,7 +112,7 @@ def test_transfer_dock_is_accepted(value: Any) -> None:
     assert topology_from_dict(data).separate_pool
 
 
-@pytest.mark.parametrize("asp", [{"mode": "stock"}, {"max_lag": 0, "instances": 8}])
+@pytest.mark.parametrize("asp", [{"mode": "stock", "max_lag": 0}, {"mode": "colocated", "max_lag": 0, "instances": 8}])
 def test_stock_and_lag_zero_keep_them(asp: Dict[str, Any]) -> None:
     """MindSpeed-RL's own engines generate: the behaviour policy is its recompute's, the prefix cache is
     reset with nothing in flight, and TransferQueue carries the stock columns."""

@@ -58,12 +58,13 @@ def test_each_config_has_a_launch_script_and_prepares(config, tmp_path):
                ASCEND_TOOLKIT_HOME=str(tmp_path / "no-toolkit"))
     env.pop("ASP_PLAN", None)
     cmd = (f"source {SHELL / 'msrl_common.sh'}; asp_prepare {config}; "
-           'echo "$ASP_INSTANCES|$ASP_TOTAL_NPUS|$ASP_PLAN|$ASP_RUNTIME_ENV|$ASP_MSRL_CONFIG|'
-           '$VLLM_ASCEND_ENABLE_NZ|$HCCL_CONNECT_TIMEOUT"')
+           'echo "$ASP_MODE|$ASP_TOTAL_NPUS|$ASP_PLAN|$ASP_RUNTIME_ENV|$ASP_MSRL_CONFIG|'
+           '$VLLM_ASCEND_ENABLE_NZ|$HCCL_CONNECT_TIMEOUT|${ASP_INSTANCES-unset}"')
     out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    inst, total, plan, runtime_env, cfg, nz, hccl = out.stdout.strip().splitlines()[-1].split("|")
-    assert int(inst) >= 8 and int(total) >= 16
+    mode, total, plan, runtime_env, cfg, nz, hccl, inst = out.stdout.strip().splitlines()[-1].split("|")
+    assert mode in ("asp", "colocated") and int(total) >= 16
+    assert inst == "unset"  # read by no script: not printed (the plan reads the instances from the file)
     assert plan == str(tmp_path / "run" / "plan.parquet")
     assert runtime_env.endswith("mindspeed_rl/runtime_env.yaml") and Path(runtime_env).is_file()
     assert cfg == str(tmp_path / "run" / "config" / f"{config}.yaml")  # composed: what MindSpeed-RL reads too
@@ -163,10 +164,10 @@ def test_head_exports_ray_address_for_msrls_ray_init(tmp_path):
     assert "RAY_ADDRESS=10.0.0.1:6766" in train and found["RAY_ADDRESS"] == "10.0.0.1:6766"
     assert found["HCCL_IF_BASE_PORT"] == "64000"  # the scripts' default, not stock's 12345
     plan = next(x for x in lines if "mindspeed_asp.cli plan" in x)
-    section = tmp_path / "run" / "asp_section.yaml"
-    assert f"--config {section}" in plan
-    from mindspeed_asp.config import load_asp_section
-    assert load_asp_section(section).instances == 8  # the strict model `asp plan` uses accepts it
+    composed = tmp_path / "run" / "config" / "qwen25_32b_A3_asp.yaml"
+    assert f"--config {composed}" in plan  # the file every process reads, read by `asp plan` itself
+    from mindspeed_asp.commands.plan import read_config
+    assert read_config(str(composed), [], {})[0].instances == 8
 
 
 @needs_hydra
@@ -229,7 +230,9 @@ def test_launch_line_overrides_are_composed_for_both_and_only_hydras_stay_on_the
     assert data["rl_config"]["n_samples_per_prompt"] == 4 and data["asp"]["max_lag"] == 2
     assert data["megatron_training"]["train_iters"] == 3 and "qwen3_8b_marker" in str(data["model"])
     plan = next(x for x in lines if "mindspeed_asp.cli plan" in x)
-    assert " --n 4 " in plan
+    assert f"--config {composed}" in plan  # n=4 reaches the plan through the composed file...
+    for flag in ("--n", "--instances", "--slots", "--minibatch", "--max-new-tokens", "--seed", "--planner"):
+        assert f" {flag} " not in plan  # ...not back through shell variables
     train = next(x for x in lines if "cli/train_grpo.py" in x)
     assert f"--config-path {composed.parent}" in train and "--config-name qwen3_8b_A3_asp" in train
     assert "hydra.job.name=x" in train
@@ -283,6 +286,9 @@ def test_first_run_script_composes_its_checks_into_a_short_fresh_run(tmp_path):
     assert data["actor_config"]["save"] == str(tmp_path / "run" / "ckpt")
     assert data["megatron_training"]["train_iters"] == 2 and data["megatron_training"]["save_interval"] == 2
     assert any("cli/train_grpo.py" in x for x in out.stdout.splitlines())
-    out = subprocess.run(["bash", str(SHELL / "ascend_first_run.sh"), "qwen25_7b_A3_asp", "asp.mode=stock"],
-                         env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(["bash", str(SHELL / "ascend_first_run.sh"), "qwen25_7b_A3_asp", "asp.mode=stock",
+                          "asp.max_lag=0"], env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode != 0 and "first-run checks need ASP's trainer" in out.stderr
+    out = subprocess.run(["bash", str(SHELL / "ascend_first_run.sh"), "qwen25_7b_A3_asp", "asp.mode=stock"],
+                         env=env, capture_output=True, text=True, timeout=180)  # the file's max_lag: 1 stays
+    assert out.returncode != 0 and "asp.max_lag" in out.stderr and "asp.mode=stock trains at lag 0" in out.stderr

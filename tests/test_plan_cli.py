@@ -120,7 +120,8 @@ def test_malformed_history_line_is_named(tmp_path, capsys):
 def test_bad_flags_and_side_files_are_named(tmp_path, capsys):
     data, hist = write_inputs(tmp_path)
     out = tmp_path / "p.parquet"
-    assert "unknown planner 'fast'" in run_error(capsys, base_args(data, hist, out, "--planner", "fast"))
+    err = run_error(capsys, base_args(data, hist, out, "--planner", "fast"))
+    assert "unknown planner" in err and "(got 'fast')" in err and "(--planner fast)" in err  # as asp.planner=fast
     assert "--truth" in run_error(capsys, base_args(data, hist, out, "--planner", "oracle_lpt"))
     assert "--instances" in run_error(capsys, base_args(data, hist, out, "--instances", "0"))
     assert ".parquet or .jsonl" in run_error(capsys, base_args(data, hist, tmp_path / "p.csv"))
@@ -233,3 +234,53 @@ def test_plan_reports_the_groups_it_isolated(tmp_path, capsys):
     assert "dominant group(s) isolated" in capsys.readouterr().out
     plan = load_plan(out)
     assert 17 in plan.header["isolated_rows"] and "q17" in plan.isolated_ids(0)
+
+
+def test_the_configs_kv_budget_is_planned_with(tmp_path, capsys):
+    """asp.kv_budget_tokens is the runtime re-planner's KV budget (runtime/replan.py); `asp plan --config` plans
+    with it too (it used to plan unbounded unless --kv-budget was given), and --kv-budget still wins."""
+    data, hist = write_inputs(tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("asp:\n  instances: 2\n  slots: 8\n  minibatch_groups: 2\n  kv_budget_tokens: 20000\n")
+    out = tmp_path / "plan.parquet"
+    args = ["plan", "--dataset", str(data), "--history", str(hist), "--config", str(cfg), "--n", "4",
+            "--no-progress", "--no-advice", "-o", str(out)]
+    assert main(args) == 0
+    assert load_plan(out).header["kv_budget"] == 20000
+    assert main(args + ["--kv-budget", "30000"]) == 0
+    assert load_plan(out).header["kv_budget"] == 30000
+    cfg.write_text("asp:\n  instances: 2\n  slots: 8\n  minibatch_groups: 2\n  kv_budget_tokens: 10\n")
+    err = run_error(capsys, args)
+    assert "asp.kv_budget_tokens" in err and "cannot hold one sequence" in err
+
+
+def test_flags_are_validated_as_overrides_of_their_keys(tmp_path, capsys):
+    """A flag is an override of its asp: key, validated with the file: --max-lag 2 on a stock config is refused
+    as `asp.max_lag=2` would be, naming the flag (it used to be merged in after validation, unchecked)."""
+    data, hist = write_inputs(tmp_path)
+    cfg = tmp_path / "stock.yaml"
+    cfg.write_text("asp:\n  mode: stock\n  instances: 2\n  slots: 8\n  minibatch_groups: 2\n")
+    args = ["plan", "--dataset", str(data), "--history", str(hist), "--config", str(cfg), "--n", "4",
+            "--no-progress", "--no-advice", "-o", str(tmp_path / "plan.parquet")]
+    err = run_error(capsys, args + ["--max-lag", "2"])
+    assert str(cfg) in err and "asp.max_lag" in err and "asp.mode=stock trains at lag 0 only" in err
+    assert "command-line override 'asp.max_lag=2' (--max-lag 2)" in err
+    assert main(args) == 0  # unset: stock's lag 0
+    assert load_plan(tmp_path / "plan.parquet").header["max_lag"] == 0
+
+
+def test_a_plain_yaml_is_read_without_the_mindspeed_rl_adapter(tmp_path):
+    """A run config or an asp:-only YAML goes through mindspeed_asp/config.py's reader; the MindSpeed-RL adapter
+    is loaded only for a MindSpeed-RL training YAML (told by its own sections)."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("asp:\n  instances: 3\n  kv_budget_tokens: 5000\n")
+    code = ("import sys\nfrom mindspeed_asp.commands.plan import read_config\n"
+            f"asp, topo = read_config({str(cfg)!r}, ['asp.slots=8'], {{}})\n"
+            "print(asp.instances, asp.slots, asp.kv_budget_tokens, topo,"
+            " 'mindspeed_asp.integrations.mindspeed_rl.config_section' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "8", "5000", "None", "False"]

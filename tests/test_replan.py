@@ -122,3 +122,16 @@ def test_the_estimate_runs_in_solve_on_the_history_as_prepare_saw_it():
     assert len(wp.history.prompt_ids()) == 16  # while the live history has all of it
     again = wp.plan(list(range(16, 32)))
     assert again.with_history == 16
+
+
+def test_the_planner_scores_with_the_lag_the_policy_enforces():
+    """One max_lag for the window planner and the lag policy: the config's, resolved with its mode (stock trains
+    at lag 0, so an unset max_lag is 0 there; the planner used to score stock windows at the default 1)."""
+    from mindspeed_asp.policy import LagPolicy
+
+    for asp, want in ((AspSection(mode="stock", slots=16, minibatch_groups=4), 0),
+                      (AspSection(slots=16, minibatch_groups=4), 1),
+                      (AspSection(slots=16, minibatch_groups=4, max_lag=3), 3)):
+        wp = WindowPlanner(asp, prompts(), max_new_tokens=200, instances=2, seed=0)
+        problem = wp._estimate(wp.prepare(list(range(16))))
+        assert problem.max_lag == wp.max_lag == LagPolicy(asp.max_lag, asp.minibatch_groups).max_lag == want

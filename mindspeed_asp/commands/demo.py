@@ -4,12 +4,13 @@ Runs the packaged tiny_cpu.yaml (2 vLLM-CPU instances of a random-initialised ti
 GRPO trainer, the synthetic demo task) once as MindSpeed-RL's default synchronous schedule and once with
 ASP (plan + bounded lag + work stealing), with the same prompts, seeds and number of trained samples, then
 prints the comparison table. By default ASP runs twice, with max_lag 1 and 2, so the table shows what a
-looser lag bound buys in throughput and costs in reward. Everything is written under --out: one run directory
+larger max_lag buys in throughput and costs in reward. Everything is written under --out: one run directory
 per variant (metrics, summary, plots) and compare.txt; an --out that already holds them is refused unless
 --overwrite. A few minutes on 2 cores.
 
 A variant is a mode with optional `@key=value` settings of the `asp:` section, e.g. `asp@max_lag=2`; its run
-directory is named after it (`asp_max_lag2`).
+directory is named after it (`asp_max_lag2`). A `stock` variant runs at `asp.max_lag=0` (stock trains at lag 0
+only), whatever the config or a command-line override gives the others.
 """
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ DEFAULT_VARIANTS = "stock,asp,asp@max_lag=2"
 
 
 def parse_variants(spec: str) -> List[Tuple[str, str, List[str]]]:
-    """`stock,asp@max_lag=2` -> [(name, mode, asp overrides)]; names are unique directory names."""
+    """`stock,asp@max_lag=2` -> [(name, mode, asp overrides)]; names are unique directory names. A variant of a
+    mode that trains at lag 0 only (stock) without its own `@max_lag=` gets `asp.max_lag=0`, so the lag the config
+    or the command line sets for the other variants does not make its config refused."""
+    from mindspeed_asp.config import AspSection, override_key
+
     variants = []
     for item in filter(None, (x.strip() for x in spec.split(","))):
         mode, *settings = item.split("@")
@@ -37,6 +42,8 @@ def parse_variants(spec: str) -> List[Tuple[str, str, List[str]]]:
         name = mode + "".join("_" + s.replace("=", "") for s in settings)
         if any(name == v[0] for v in variants):
             raise ConfigError(f"variant {item!r} is listed twice", key="--modes")
+        if mode in AspSection.LAG0_MODES and "asp.max_lag" not in {override_key(o) for o in overrides}:
+            overrides.append("asp.max_lag=0")
         variants.append((name, mode, overrides))
     if not variants:
         raise ConfigError("no variant to run", key="--modes")
@@ -96,7 +103,7 @@ def handler(args: argparse.Namespace) -> int:
         for (name, _, _), cfg in zip(variants, cfgs):
             print(f"== {name}: {cfg.asp.instances} instances, {cfg.run.steps} updates of "
                   f"{cfg.asp.minibatch_groups} groups x {cfg.data.n} samples, "
-                  + ("synchronous" if cfg.asp.mode == "stock" else f"max_lag {cfg.asp.max_lag}"),
+                  + f"max_lag {cfg.asp.max_lag}" + (" (synchronous)" if cfg.asp.max_lag == 0 else ""),
                   flush=True)
             summary = run_training(cfg, out / name, progress=not args.quiet)
             if summary.get("interrupted"):  # SIGINT/SIGTERM: the later variants are not started

@@ -61,21 +61,23 @@ def register(subparsers) -> None:
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
+#: The flags of `asp lengths eval` that set a key of `asp.estimator`, as (flag, argparse dest, key): applied as
+#: overrides of --config (or of the defaults), so each is validated and named as `key=value` would be.
+ESTIMATOR_FLAGS = (("--recency-decay", "recency_decay", "asp.estimator.recency_decay"),
+                   ("--max-epochs", "max_epochs", "asp.estimator.max_epochs"),
+                   ("--quantile", "quantile", "asp.estimator.group_max_quantile"),
+                   ("--sigma-shrinkage", "sigma_shrinkage", "asp.estimator.sigma_shrinkage"),
+                   ("--no-drift", "no_drift", "asp.estimator.drift"))
+
+
 def _section(args):
-    """The estimator section: defaults, then --config's asp.estimator, then command-line flags."""
-    from mindspeed_asp.config import EstimatorSection
-    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_scheduler_section
+    """The estimator section: defaults, then --config's asp.estimator (the YAML read as `asp plan` reads it: a
+    MindSpeed-RL training YAML through its adapter, anything else through the project's reader), then the flags
+    as overrides."""
+    from mindspeed_asp.commands.plan import flag_overrides, read_config
 
-    section = load_scheduler_section(args.config).estimator if args.config else EstimatorSection()
-    updates = {"recency_decay": args.recency_decay, "max_epochs": args.max_epochs,
-               "group_max_quantile": args.quantile, "sigma_shrinkage": args.sigma_shrinkage}
-    data = section.model_dump()
-    data.update({k: v for k, v in updates.items() if v is not None})
-    if args.no_drift:
-        data["drift"] = False
-    from mindspeed_asp.config import validate_section
-
-    return validate_section(data, EstimatorSection, "command line", prefix="asp.estimator")
+    overrides, flags = flag_overrides(args, ESTIMATOR_FLAGS)
+    return read_config(args.config, overrides, flags, topology=False)[0].estimator
 
 
 def _resolve_trace(trace: str, target):

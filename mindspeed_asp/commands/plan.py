@@ -9,7 +9,14 @@ estimate, the plan's cost and rho) at max_lag 0, 1, 2 and K-1 against the stock 
 stderr when the chosen --max-lag is predicted slower than stock (--no-advice skips it).
 Without --history every prompt gets the cold-start estimate. Planners named oracle_* (oracle_asp,
 oracle_lpt, oracle_verl_kk) plan with true lengths read from --truth (a length-history file; its latest epoch,
-or --truth-epoch). --config takes defaults from a YAML's `asp:` section; flags win.
+or --truth-epoch).
+
+--config takes defaults from a YAML: a run config or a file with only an `asp:` section (its `asp:` section), or
+a MindSpeed-RL training YAML (detected by MindSpeed-RL's own sections; validated whole, cluster shape included,
+and it also gives the instances that follow the plan, the batch as the window, n, max tokens and the seed). A
+flag that sets a key of the `asp:` section (--instances, --slots, --minibatch, --planner, --rho, --kv-budget,
+--max-lag, --no-work-stealing, --estimator, --history, --cost) is applied as an override of that key, so it
+is validated, and named in errors, as `asp.<key>=value` would be.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mindspeed_asp.argtypes import length_int, nonneg_int, positive_float, positive_int, seed_int
 
@@ -27,8 +34,9 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True, help="prompt dataset, JSON Lines with prompt_id and prompt_len")
     p.add_argument("--history", default=None, help="length history (.parquet or .jsonl)")
-    p.add_argument("--config", default=None, help="YAML whose asp: section supplies defaults: a run config "
-                   "or a MindSpeed-RL training YAML (its loss keys are the trainer's and not read here)")
+    p.add_argument("--config", default=None, help="YAML whose asp: section supplies defaults: a run config, a "
+                   "YAML with only an asp: section, or a MindSpeed-RL training YAML (which also gives the instances, "
+                   "batch, n, max tokens and seed; its loss keys are the trainer's and not read here)")
     p.add_argument("--instances", type=positive_int, default=None, help="inference instances N")
     p.add_argument("--slots", type=positive_int, default=None, help="max concurrent sequences per instance B")
     p.add_argument("--minibatch", type=positive_int, default=None, help="trainer minibatch M, in prompt groups")
@@ -36,18 +44,22 @@ def register(subparsers) -> None:
                    "sorted_desc, round_robin, least_loaded, verl_kk, lpt, shared_desc (longest first from one shared "
                    "queue), oracle_asp, oracle_lpt, oracle_verl_kk")
     p.add_argument("--groups-per-iteration", type=positive_int, default=None,
-                   help="prompt groups per training iteration (default: the whole dataset is one iteration)")
-    p.add_argument("--n", type=positive_int, default=8, help="samples per prompt (default 8)")
+                   help="prompt groups per training iteration (default: a MindSpeed-RL --config's global batch, "
+                   "else the whole dataset is one iteration)")
+    p.add_argument("--n", type=positive_int, default=None,
+                   help="samples per prompt (default: a MindSpeed-RL --config's n_samples_per_prompt, else 8)")
     p.add_argument("--max-new-tokens", type=length_int, default=None,
-                   help="generation cap (default: the longest length in the history)")
+                   help="generation cap (default: a MindSpeed-RL --config's max_tokens, else the longest length "
+                   "in the history)")
     p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c[, p])")
     p.add_argument("--rho", type=positive_float, default=None,
                    help="trainer work / the window's rollout lower bound R_LB (default 1.0); rho_stock, over "
                         "stock's rollout, is smaller: docs/design.md section 5")
-    p.add_argument("--kv-budget", type=positive_int, default=None, help="KV budget per instance, tokens")
+    p.add_argument("--kv-budget", type=positive_int, default=None,
+                   help="KV budget per instance, tokens (default: --config's asp.kv_budget_tokens, else unbounded)")
     p.add_argument("--max-lag", type=nonneg_int, default=None,
-                   help="lag bound the plan will run under; ASP scores its candidates with it (default: "
-                        "--config's asp.max_lag, else 1)")
+                   help="the max_lag the plan will run under (asp.max_lag); ASP scores its candidates with it "
+                        "(default: --config's asp.max_lag, else 1)")
     p.add_argument("--no-work-stealing", action="store_true",
                    help="score the plan as run without work stealing (default: --config's asp.work_stealing, "
                         "else on)")
@@ -56,7 +68,8 @@ def register(subparsers) -> None:
     p.add_argument("--truth", default=None, help="true lengths for oracle_* planners (length-history file)")
     p.add_argument("--truth-epoch", type=nonneg_int, default=None,
                    help="epoch of --truth to use (default: latest)")
-    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--seed", type=seed_int, default=None,
+                   help="the planner's seed (default: a MindSpeed-RL --config's megatron_training.seed, else 0)")
     p.add_argument("--format", default=None, choices=("parquet", "jsonl"), help="default: from -o's suffix")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")
     p.add_argument("--no-advice", action="store_true",
@@ -87,7 +100,68 @@ def _truth_matrix(path: str, epoch: Optional[int], prompts):
     return mat.astype(float), e
 
 
-def _check_shape(prompts, instances: int, slots: int, args) -> None:
+#: The flags that set a key of the `asp:` section, as (flag, argparse dest, key): each one given becomes an
+#: override of its key (`config.flag_override`), applied and validated with the config, never merged into it
+#: after validation.
+FLAG_KEYS: Tuple[Tuple[str, str, str], ...] = (
+    ("--instances", "instances", "asp.instances"), ("--slots", "slots", "asp.slots"),
+    ("--minibatch", "minibatch", "asp.minibatch_groups"), ("--planner", "planner", "asp.planner"),
+    ("--rho", "rho", "asp.rho"), ("--kv-budget", "kv_budget", "asp.kv_budget_tokens"),
+    ("--max-lag", "max_lag", "asp.max_lag"), ("--estimator", "estimator", "asp.estimator.kind"),
+    ("--history", "history", "asp.history_path"), ("--cost", "cost", "asp.cost.file"),
+    ("--no-work-stealing", "no_work_stealing", "asp.work_stealing"),
+)
+
+
+def flag_overrides(args, flag_keys=FLAG_KEYS) -> Tuple[List[str], Dict[str, str]]:
+    """(one override per flag given, {override: the flag as typed}) for `read_config`; a `--no-X` flag given sets
+    its key to false."""
+    from mindspeed_asp.config import flag_override
+
+    overrides: List[str] = []
+    flags: Dict[str, str] = {}
+    for flag, dest, key in flag_keys:
+        value = getattr(args, dest, None)
+        if value is None or value is False:
+            continue
+        item = flag_override(key, False if flag.startswith("--no-") else value)
+        overrides.append(item)
+        flags[item] = flag if flag.startswith("--no-") else f"{flag} {value}"
+    return overrides, flags
+
+
+def read_config(path: Optional[str], overrides: List[str], flags: Dict[str, str], topology: bool = True,
+                plan_output: Optional[str] = None):
+    """(the `asp:` section with `overrides` applied, the MindSpeed-RL topology or None), the YAML read once.
+
+    Which reader: a MindSpeed-RL training YAML (it has MindSpeed-RL's own sections: `config.is_training_yaml`)
+    through the MindSpeed-RL adapter, validated whole (`topology_from_dict`; with `topology=False` its `asp:`
+    section alone, loss keys included); anything else (a run config, a YAML with only an `asp:` section) through
+    the project's own reader. No `path`: the flags alone, on the section's defaults. `plan_output`: the plan
+    being built, standing in for a training YAML's `asp.plan_path` when it names none yet (the run needs one,
+    the command that writes it does not)."""
+    from mindspeed_asp.config import asp_section_from_dict, is_training_yaml, read_yaml, validate_overridden
+
+    if path is None:
+        return asp_section_from_dict({"asp": {}}, "command line", overrides, flags), None
+    data = read_yaml(path)
+    if not is_training_yaml(data):
+        return asp_section_from_dict(data, path, overrides, flags), None
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import msrl_asp_section, topology_from_dict
+
+    if not topology:
+        return validate_overridden(data, overrides, path, lambda d: msrl_asp_section(d, path), flags), None
+
+    def validate(d: Dict[str, Any]):
+        if plan_output and isinstance(d.get("asp"), dict) and d["asp"].get("plan_path") is None:
+            d["asp"]["plan_path"] = str(plan_output)
+        return topology_from_dict(d, path)
+    topo = validate_overridden(data, overrides, path, validate, flags)
+    return topo.asp, topo
+
+
+def _check_shape(prompts, instances: int, slots: int, n: int, n_key: str, window_groups: Optional[int],
+                 args) -> None:
     """Refuse a cluster the planners cannot use: more instances than groups in a window (an instance would get
     none, and the regime advice, which simulates every instance, runs for minutes on such a cluster), or fewer
     slots than a group's n samples (the planners place a group on one instance and count its n samples in
@@ -96,23 +170,22 @@ def _check_shape(prompts, instances: int, slots: int, args) -> None:
 
     inst_key = "--instances" if args.instances is not None else "asp.instances"
     slots_key = "--slots" if args.slots is not None else "asp.slots"
-    window = min(args.groups_per_iteration or len(prompts), len(prompts))
+    window = min(window_groups or len(prompts), len(prompts))
     if instances > window:
-        what = (f"--groups-per-iteration {args.groups_per_iteration}" if args.groups_per_iteration
+        what = (f"--groups-per-iteration {window_groups}" if args.groups_per_iteration
+                else f"megatron_training.global_batch_size {window_groups}" if window_groups
                 else "without --groups-per-iteration the whole dataset is one iteration")
         raise InputError(f"{instances} instances for {window} groups per iteration ({what}): every instance needs "
                          f"at least one group of each window; give at most {window} instances or a larger window",
                          key=inst_key)
-    if slots < args.n:
-        raise InputError(f"{slots_key} {slots} is below a group's {args.n} samples (--n {args.n}): a group's samples "
-                         f"run together on one instance; give {slots_key} {args.n} or more", key=slots_key)
+    if slots < n:
+        raise InputError(f"{slots_key} {slots} is below a group's {n} samples ({n_key} {n}): a group's samples "
+                         f"run together on one instance; give {slots_key} {n} or more", key=slots_key)
 
 
 def run(args) -> int:
     from mindspeed_asp.atomic import check_output_file, write_json
-    from mindspeed_asp.config import AspSection, EstimatorSection
     from mindspeed_asp.errors import InputError
-    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_scheduler_section
     from mindspeed_asp.memory_budget import check_fits, check_kv_budget, planning_bytes
     from mindspeed_asp.scheduler.build import estimate_lengths, build_plan
     from mindspeed_asp.scheduler.history import LengthHistory
@@ -122,51 +195,56 @@ def run(args) -> int:
     from mindspeed_asp.types import CostModel
     from mindspeed_asp.workloads.prompts import load_prompt_set
 
-    asp = load_scheduler_section(args.config) if args.config else None
-    base = asp or AspSection()
-    instances = args.instances if args.instances is not None else (asp.instances if asp else None)
-    slots = args.slots if args.slots is not None else (asp.slots if asp else None)
-    minibatch = args.minibatch if args.minibatch is not None else (asp.minibatch_groups if asp else None)
-    for value, flag in ((instances, "--instances"), (slots, "--slots"), (minibatch, "--minibatch")):
-        if value is None:
-            raise InputError("required (or give --config with an asp: section)", key=flag)
-    planner = args.planner or base.planner  # a config's asp.planner was checked when the config was read
-    if planner not in PLANNERS:
+    if args.config is None:
+        for value, flag in ((args.instances, "--instances"), (args.slots, "--slots"), (args.minibatch, "--minibatch")):
+            if value is None:
+                raise InputError("required (or give --config with an asp: section)", key=flag)
+    overrides, flags = flag_overrides(args)
+    asp, topo = read_config(args.config, overrides, flags, plan_output=args.output)
+    # a MindSpeed-RL run plans for the instances that follow the plan (its pool, or its colocated engines) and
+    # one global batch per window; its n, cap and seed are the run's
+    instances = topo.instances if topo is not None else asp.instances
+    slots, minibatch, planner = asp.slots, asp.minibatch_groups, asp.planner
+    if planner not in PLANNERS:  # checked with the config already (PLANNER_NAMES); the registry must agree
         raise InputError(f"unknown planner {planner!r}; choose one of: {', '.join(PLANNERS)}", key="--planner")
-    rho = args.rho if args.rho is not None else (base.rho or 1.0)  # both finite and > 0 (argtypes, config)
-    max_lag = args.max_lag if args.max_lag is not None else base.max_lag
-    work_stealing = False if args.no_work_stealing else bool(base.work_stealing)
+    rho = asp.rho or 1.0  # finite and > 0 (argtypes, config)
+    max_lag, work_stealing, kv_budget = asp.max_lag, bool(asp.work_stealing), asp.kv_budget_tokens
+    kv_key = "--kv-budget" if args.kv_budget is not None else "asp.kv_budget_tokens"
+    n = args.n if args.n is not None else (topo.n if topo is not None else 8)
+    n_key = "rl_config.n_samples_per_prompt" if args.n is None and topo is not None else "--n"
+    window = args.groups_per_iteration if args.groups_per_iteration is not None else (
+        topo.gbs if topo is not None else None)
+    seed = args.seed if args.seed is not None else (topo.seed if topo is not None else 0)
     # Every output is checked before any work: a bad -o fails now, not after the planning pass.
     plan_format(args.output, args.format)
     check_output_file(args.output, key="-o")
     if args.json:
         check_output_file(args.json, key="--json")
 
-    history_path = args.history or (asp.history_path if asp else None)
+    history_path = asp.history_path
     if history_path and not Path(history_path).is_file():
         raise InputError("length history file not found", path=history_path,
                          key="--history" if args.history else "asp.history_path")
-    prompts = load_prompt_set(args.dataset, n=args.n)
-    check_fits(planning_bytes(len(prompts), args.n, instances, slots),
-               f"planning {len(prompts)} groups x n={args.n} on {instances} instances x {slots} slots",
+    prompts = load_prompt_set(args.dataset, n=n)
+    check_fits(planning_bytes(len(prompts), n, instances, slots),
+               f"planning {len(prompts)} groups x n={n} on {instances} instances x {slots} slots",
                key="--instances/--slots/--n")
-    _check_shape(prompts, instances, slots, args)
+    _check_shape(prompts, instances, slots, n, n_key, window, args)
     history = LengthHistory.load(history_path) if history_path else None
-    max_new = args.max_new_tokens
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (
+        topo.max_tokens if topo is not None else None)
     if max_new is None:
         if history is None or history.num_samples == 0:
             raise InputError("required when no --history gives the generation cap", key="--max-new-tokens")
         max_new = int(history.records()[3].max())
-    check_kv_budget(args.kv_budget, prompts.prompt_lens, max_new)
-    if args.cost:
-        cost = load_cost_json(args.cost, key="--cost")
-    elif asp is not None:
+    check_kv_budget(kv_budget, prompts.prompt_lens, max_new, key=kv_key)
+    if asp.cost.file:
+        cost = load_cost_json(asp.cost.file, key="--cost" if args.cost else "asp.cost.file")
+    elif args.config is not None:
         cost = cost_from_section(asp.cost, origin=f"{args.config} asp.cost")
     else:
         cost = CostModel()
-    section = base.estimator if asp else EstimatorSection()
-    if args.estimator:
-        section = section.model_copy(update={"kind": args.estimator})
+    section = asp.estimator
     truth, truth_epoch = None, None
     if needs_oracle(planner):
         if not args.truth:
@@ -174,22 +252,22 @@ def run(args) -> int:
         truth, truth_epoch = _truth_matrix(args.truth, args.truth_epoch, prompts)
     est = estimate_lengths(prompts, history, max_new, planner=planner, estimator_section=section,
                            true_lengths=truth)
-    provenance: Dict[str, Any] = {"dataset": str(args.dataset), "history": history_path, "cost_file": args.cost,
+    provenance: Dict[str, Any] = {"dataset": str(args.dataset), "history": history_path, "cost_file": asp.cost.file,
                                   "config": args.config}
     if truth is not None:
         provenance.update({"truth": args.truth, "truth_epoch": truth_epoch})
     t0 = time.perf_counter()
     result = build_plan(prompts, est, instances=instances, slots=slots, minibatch=minibatch,
-                        max_new_tokens=max_new, planner=planner, groups_per_iteration=args.groups_per_iteration,
-                        cost=cost, rho=rho, kv_budget=args.kv_budget, seed=args.seed, provenance=provenance,
+                        max_new_tokens=max_new, planner=planner, groups_per_iteration=window,
+                        cost=cost, rho=rho, kv_budget=kv_budget, seed=seed, provenance=provenance,
                         progress=False if args.no_progress else None, max_lag=max_lag,
                         work_stealing=work_stealing)
     plan_s = time.perf_counter() - t0
     out = result.plan.save(args.output, args.format)  # atomic: temp file + rename
     advice = None
     if not args.no_advice:
-        advice = first_window_advice(result, prompts, est, cost=cost, rho=rho, kv_budget=args.kv_budget,
-                                     max_new_tokens=max_new, seed=args.seed)
+        advice = first_window_advice(result, prompts, est, cost=cost, rho=rho, kv_budget=kv_budget,
+                                     max_new_tokens=max_new, seed=seed)
     summary = plan_summary(result, max_new, advice=advice, plan_seconds=plan_s)
     print(format_summary(summary, str(out)))
     if advice is not None:

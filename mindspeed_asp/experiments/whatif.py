@@ -70,6 +70,27 @@ def check_fits(s: Setting, tp_key: str = "--tp") -> None:
                          key=tp_key)
 
 
+def check_shape(s: Setting, windows: int, slots_key: str = "--slots", groups_key: str = "--window-groups",
+                windows_key: str = "--windows") -> None:
+    """Refuse, naming the flag (or config key), a shape `asp plan` and `asp simulate` refuse too: fewer slots
+    than a group's n samples (the planners and the cluster model put a group's n samples on one instance
+    together, as the runtime dispatches it), and slots or windows x groups whose simulation cannot fit this
+    machine's memory (estimated before the workload is synthesised; was a refusal naming the workload's
+    `prompts/n`, or none at all for slots)."""
+    from mindspeed_asp.memory_budget import check_fits as check_memory, planning_bytes, synthesis_bytes
+
+    if s.slots < s.n:
+        raise InputError(f"{slots_key} {s.slots} is below a group's {s.n} samples (n={s.n}): a group's samples run "
+                         f"together on one instance; give {slots_key} {s.n} or more", key=slots_key)
+    instances = max(1, s.devices // s.tp)  # the most any split (colocated: all devices) runs
+    check_memory(planning_bytes(0, 0, instances, s.slots),
+                 f"simulating up to {instances} instances x {s.slots} slots", key=slots_key)
+    groups = int(windows) * int(s.window_groups)
+    check_memory(planning_bytes(groups, s.n, 0, 0) + synthesis_bytes(groups, s.n, 4),
+                 f"simulating {windows} windows x {s.window_groups} groups x n={s.n}",
+                 key=f"{windows_key}/{groups_key}")
+
+
 def _kv_budget(s: Setting, util: float) -> Callable[[int], int]:
     """KV tokens per instance of `tp` devices at `util`; a TP whose weights do not fit is an error, never an
     unbounded budget."""
@@ -154,7 +175,8 @@ def _config_get(data: dict, path: str, default=None):
 
 def setting_from_config(path: str, **overrides) -> Setting:
     """A setting for one MindSpeed-RL + ASP config (configs/*.yaml): model, devices, TP, batch, lengths and the
-    config's own split. MoE instances span infer TP x EP devices; a config with max_lag 0 is colocated."""
+    config's own split. MoE instances span infer TP x EP devices; a stock or colocated config runs on its
+    training devices."""
     p = Path(path)
     if not p.is_file():
         raise InputError("config file not found", path=str(p), key="--config")
@@ -177,8 +199,11 @@ def setting_from_config(path: str, **overrides) -> Setting:
     infer_ep = int(_config_get(data, "generate_config.infer_expert_parallel_size", 1))
     width = infer_tp * max(1, infer_ep)
     trainer_dev = need["rl_config.actor_resource.num_npus"]
-    max_lag = int(_config_get(data, "asp.max_lag", 1))
-    colocated = max_lag == 0
+    # the deployment follows asp.mode: stock and colocated run on MindSpeed-RL's own engines at lag 0, asp and
+    # async on a separate pool (at any max_lag, 0 included); max_lag unset is the mode's default
+    mode = str(_config_get(data, "asp.mode", "asp"))
+    colocated = mode in ("stock", "colocated")
+    max_lag = int(_config_get(data, "asp.max_lag", 0 if colocated else 1))
     devices = trainer_dev if colocated else trainer_dev + need["asp.instances"] * infer_tp
     cap = int(_config_get(data, "generate_config.sampling_config.max_tokens", 2048))
     util = float(_config_get(data, "generate_config.gpu_memory_utilization", 0.5))

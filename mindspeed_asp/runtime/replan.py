@@ -73,7 +73,8 @@ class WindowPlanner:
     """Keeps the length history of a run and plans each window from it.
 
     `prompts` is one epoch's PromptSet (row i = prompt i); a window is given as gids
-    `epoch * len(prompts) + i`.
+    `epoch * len(prompts) + i`. Every window is scored under `asp.max_lag`, the one value the run's lag policy
+    enforces too (resolved with the config: 0 in a lag-0 mode), read once here.
     """
 
     def __init__(self, asp: AspSection, prompts: PromptSet, max_new_tokens: int, instances: int,
@@ -84,6 +85,7 @@ class WindowPlanner:
         from mindspeed_asp.scheduler.planners import get_planner
 
         self.asp = asp
+        self.max_lag = int(asp.max_lag)  # the lag policy's bound (driver: LagPolicy(cfg.asp.max_lag, ...))
         self.prompts = prompts
         self.max_new_tokens = int(max_new_tokens)
         self.instances = int(instances)
@@ -194,7 +196,7 @@ class WindowPlanner:
                                spec=InstanceSpec(slots=self.asp.slots, kv_budget=self.asp.kv_budget_tokens),
                                minibatch=self.asp.minibatch_groups, cost=pending.cost.cost,
                                max_new_tokens=self.max_new_tokens, rho=max(float(pending.rho.rho), 1e-6),
-                               seed=pending.problem_seed, max_lag=int(self.asp.max_lag),
+                               seed=pending.problem_seed, max_lag=self.max_lag,
                                work_stealing=bool(self.asp.work_stealing))
 
     def _reuse_or_search(self, urgent: bool = False) -> Optional[Dict[str, Any]]:

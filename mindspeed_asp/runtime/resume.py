@@ -43,6 +43,11 @@ def resume_config(saved: Dict[str, Any], run_dir: str, version: int, overrides: 
     RESUMABLE_KEYS, and a `run.steps` the checkpoint (at update `version`) has already reached."""
     base = copy.deepcopy(saved)
     base.setdefault("run", {})["out"] = str(run_dir)
+    asp = base.get("asp")
+    if isinstance(asp, dict) and asp.get("mode") == "stock" and asp.get("max_lag", 0) != 0:
+        # written when a stock run's config could carry another max_lag (its driver trained at 0, and its
+        # checkpointed lag policy says 0): resumed under what it ran with
+        asp["max_lag"] = 0
     cfg = config_from_dict(base, path=where, overrides=overrides, devices=devices)
     saved_keys, defaults = dict(_flatten(base)), dict(_flatten(dump_config(RunConfig())))
     for key, old, new in changed_keys(base, dump_config(cfg)):

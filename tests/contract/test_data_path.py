@@ -33,7 +33,7 @@ def env(tmp_path_factory, msrl_src, no_ray_held):
                 "labels": np.array([i % 7], dtype=np.int64)} for i in range(24)]
     prompts = prompt_set_from_dataset(dataset, N)
     plan = plan_epoch(prompts, None, planner="asp", instances=M, slots=16, minibatch=GBS, max_new_tokens=512,
-                      groups_per_iteration=GBS, progress=False).plan
+                      groups_per_iteration=GBS, max_lag=0, progress=False).plan  # the run's asp.max_lag
     plan.save(tmp / "plan.parquet")
     cfg = {
         "megatron_training": {"global_batch_size": GBS, "train_iters": 3, "seed": 1},
@@ -42,7 +42,7 @@ def env(tmp_path_factory, msrl_src, no_ray_held):
                       "blocking": True, "actor_resource": {"num_npus": M}, "actor_rollout_dispatch_size": N},
         "generate_config": {"infer_tensor_parallel_size": 1, "max_num_seqs": 64,
                             "sampling_config": {"max_tokens": 512}},
-        "asp": {"mode": "asp", "instances": M, "slots": 16, "minibatch_groups": GBS, "max_lag": 0,
+        "asp": {"mode": "colocated", "instances": M, "slots": 16, "minibatch_groups": GBS, "max_lag": 0,
                 "plan_path": str(tmp / "plan.parquet")},
     }
     (tmp / "run.yaml").write_text(yaml.safe_dump(cfg))

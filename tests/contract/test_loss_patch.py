@@ -328,7 +328,7 @@ def test_dispatch_adds_the_columns_to_the_update_request_only(monkeypatch, msrl_
     assert calls[-1][1] is update
 
 
-@pytest.mark.parametrize("mode", ["no config", "stock", "asp max_lag 0", "objective standard"])
+@pytest.mark.parametrize("mode", ["no config", "stock", "colocated", "objective standard"])
 def test_inactive_settings_give_the_stock_loss_even_with_the_column(msrl, monkeypatch, tmp_path, mode):
     """Without an active pool the wrapper is stock bit for bit, also for a micro-batch that carries
     `rollout_log_prob` (the patched DataStrategy gives the dock that column in every mode)."""
@@ -337,7 +337,7 @@ def test_inactive_settings_give_the_stock_loss_even_with_the_column(msrl, monkey
     from mindspeed_asp.integrations.mindspeed_rl.config_section import CONFIG_ENV
     if mode != "no config":
         data = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "qwen25_7b_A3_asp.yaml").read_text())
-        data["asp"].update({"stock": {"mode": "stock"}, "asp max_lag 0": {"mode": "asp", "max_lag": 0},
+        data["asp"].update({"stock": {"mode": "stock", "max_lag": 0}, "colocated": {"mode": "colocated", "max_lag": 0},
                             "objective standard": {"mode": "asp", "max_lag": 1, "objective": "standard"}}[mode])
         path = tmp_path / "run.yaml"
         path.write_text(yaml.safe_dump(data))
@@ -372,7 +372,8 @@ def test_settings_come_from_the_runs_asp_section(monkeypatch, tmp_path, msrl):
     try:
         assert loss_patch.asp_settings() == (False, "decoupled", 2.0, "token")
         data = yaml.safe_load((configs / "qwen25_7b_A3_asp.yaml").read_text())
-        for mode, max_lag, active in (("stock", 1, False), ("asp", 0, False), ("asp", 1, True), ("async", 2, True)):
+        for mode, max_lag, active in (("stock", 0, False), ("colocated", 0, False), ("asp", 0, True), ("asp", 1, True),
+                                      ("async", 2, True)):
             data["asp"].update(mode=mode, max_lag=max_lag)
             path = tmp_path / f"{mode}{max_lag}.yaml"
             path.write_text(yaml.safe_dump(data))

@@ -117,7 +117,7 @@ def run_config(model_path: str, data_path: str, out: Path, *, gbs: int, n: int, 
             "log_max_throughput": False, "num_cpus_for_local_task": 1.0, "num_cpus_for_placement_group": 1,
             "use_tensorboard": False, "actor_resource": {"num_npus": 1},
             "actor_rollout_dispatch_size": gbs * n // max(1, int(asp.get("instances", 1)))
-            if asp.get("mode") == "asp" and int(asp.get("max_lag", 1)) == 0 else gbs * n,
+            if asp.get("mode") == "colocated" else gbs * n,
             "actor_logprob_dispatch_size": gbs * n, "actor_update_dispatch_size": gbs * n,
             "adv_dispatch_size": gbs * n,
         },

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 MODES = {  # name -> the asp: section (stock keeps one so the run YAML has the same shape)
     "stock": {"mode": "stock", "instances": 1, "max_lag": 0},
-    "asp0": {"mode": "asp", "instances": 1, "max_lag": 0},
+    "asp0": {"mode": "colocated", "instances": 1, "max_lag": 0},  # the plan on MindSpeed-RL's own engines
     "asp1": {"mode": "asp", "instances": 2, "max_lag": 1},
     "async1": {"mode": "async", "instances": 1, "max_lag": 1},
 }
@@ -142,7 +142,7 @@ def main() -> int:
     cfg["megatron_training"]["save_interval"] = args.save_interval
     cfg_path = out / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    if asp["mode"] == "asp":
+    if asp["mode"] in ("asp", "colocated"):  # the modes that follow a plan
         plan = out / "plan.parquet"
         if not (args.resume and plan.is_file()):  # a restart keeps the run's plan
             plan = build_plan(out, cfg_path, args.gbs, args.n, asp["instances"], asp["max_lag"], args.iters,

@@ -2,10 +2,14 @@
 
 MindSpeed-RL's config classes reject unknown keys (`BaseConfig.update` raises "The key: X is missing"), but
 `parse_training_config` reads only its own sections, so ASP's settings live in a top-level `asp:` section
-(validated strictly by `MsrlAspSection`: the project's `AspSection` plus the loss settings only the
-MindSpeed-RL trainer reads). This module reads both that section and the MindSpeed-RL sections ASP depends
-on (batch size, n, NPUs, inference TP, expert parallelism) and checks that they agree, naming the
-offending key, before any NPU is touched or Ray is started.
+(validated strictly by `MsrlAspSection`: the project's `AspSection` plus the loss settings of
+`ObjectiveSection` and what only the MindSpeed-RL integration reads). This module reads both that section and
+the MindSpeed-RL sections ASP depends on (batch size, n, NPUs, inference TP, expert parallelism) and checks
+that they agree, naming the offending key, before any NPU is touched or Ray is started.
+
+The deployment follows `asp.mode` alone (docs/ascend.md section 1): `asp` and `async` run a separate rollout
+pool at any `max_lag` (0 included), `colocated` runs the plan on MindSpeed-RL's own colocated engines
+(synchronous, lag 0), `stock` is MindSpeed-RL unchanged.
 """
 from __future__ import annotations
 
@@ -14,46 +18,50 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Literal, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Literal, Optional, Tuple
 
 from pydantic import Field
 
-from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, is_training_yaml, load_asp_section, read_yaml,
+from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, ObjectiveSection, Timeout, read_yaml,
                                   validate_section)
-from mindspeed_asp.errors import ConfigError, InputError
+from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.metrics import DeviceCount, colocated_devices, split_devices
 
 CONFIG_ENV = "ASP_MSRL_CONFIG"  # path of the training YAML; exported before `ray start` by shell/ scripts
 
 
-class MsrlAspSection(AspSection):
-    """The `asp:` section of a MindSpeed-RL YAML: the scheduler's settings plus the loss patch's.
+class MsrlAspSection(AspSection, ObjectiveSection):
+    """The `asp:` section of a MindSpeed-RL YAML: the scheduler's settings, the loss settings (`ObjectiveSection`,
+    the keys the standalone runtime reads as `trainer.objective`/`iw_cap`/`iw_mode`) and the integration's own.
 
-    Why a subclass: the objective settings mean something only to the MindSpeed-RL loss patch, so the
-    standalone runtime's `AspSection` stays as it is; `scheduler_section` strips them for `asp plan`.
+    Why a subclass: mode `colocated` and the keys below mean something only inside MindSpeed-RL, so the
+    standalone runtime's `AspSection` refuses them.
     """
 
-    objective: Literal["standard", "decoupled"] = Field(
-        "decoupled", description="standard = MindSpeed-RL's PPO loss on the recomputed old log-probs; decoupled = "
-        "that loss times importance weights behaviour -> proximal policy (rollout_log_prob)")
-    iw_cap: float = Field(2.0, gt=1.0, description="upper clip of the decoupled importance weight")
-    iw_mode: Literal["token", "sequence"] = Field(
-        "token", description="importance weight per token, or one per sequence (product of its token ratios)")
+    LAG0_MODES: ClassVar[Dict[str, str]] = {
+        "stock": "MindSpeed-RL's synchronous schedule",
+        "colocated": "MindSpeed-RL's own synchronous fit on its colocated engines, in plan order",
+    }
+
+    mode: Literal["asp", "async", "colocated", "stock"] = Field(
+        "asp", description="asp: a separate rollout pool fed from the dispatch plan, asynchronous trainer; async: "
+        "the same pool, least-loaded dispatch; colocated: MindSpeed-RL's own colocated engines pull their planned "
+        "rows, MindSpeed-RL's own fit (lag 0); stock: MindSpeed-RL unchanged")
     audit_path: Optional[str] = Field(
         None, description="JSON Lines record of every asynchronous update (trained groups, their versions and "
         "lags, the weight-sync checks); None = not written")
     rollout_memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="device memory fraction of a dedicated rollout instance (weights + KV); "
         "generate_config.gpu_memory_utilization stays the colocated engines' share")
-    sync_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one weight sync, and of the wait for "
-                                  "the engines' step calls before it; past it the run stops with an error naming "
-                                  "the instance (and rank) that did not answer")
-    engine_start_timeout_s: float = Field(
-        1800.0, gt=0.0, description="deadline for every rollout engine to be built (dummy load, memory profile, "
+    sync_timeout_s: Timeout = Field(600.0, description="deadline of one weight sync, and of the wait for "
+                                    "the engines' step calls before it; past it the run stops with an error "
+                                    "naming the instance (and rank) that did not answer")
+    engine_start_timeout_s: Timeout = Field(
+        1800.0, description="deadline for every rollout engine to be built (dummy load, memory profile, "
         "op compilation), waited before the weight groups form, so it never counts against sync_timeout_s; "
         "past it the error names the instances not built yet")
-    placement_timeout_s: float = Field(
-        300.0, gt=0.0, description="deadline for each instance's placement group (its infer-TP NPUs on one "
+    placement_timeout_s: Timeout = Field(
+        300.0, description="deadline for each instance's placement group (its infer-TP NPUs on one "
         "node); past it the error names the NPUs missing against the cluster's free resources")
     weight_probe_every: int = Field(
         0, ge=-1, description="functional weight check: a fixed prompt decoded greedily on every instance must "
@@ -69,6 +77,7 @@ class MsrlAspSection(AspSection):
         "probe's tokens; bf16 kernels differ by a few 0.01, weights loaded wrong by nats")
 
 
+#: keys of the MindSpeed-RL `asp:` section the standalone runtime's `AspSection` does not take
 LOSS_KEYS = tuple(k for k in MsrlAspSection.model_fields if k not in AspSection.model_fields)
 
 
@@ -76,9 +85,10 @@ LOSS_KEYS = tuple(k for k in MsrlAspSection.model_fields if k not in AspSection.
 class MsrlTopology:
     """How a MindSpeed-RL + ASP run splits its NPUs and batches.
 
-    `train_npus` run the colocated Megatron workers (`rl_config.actor_resource.num_npus`); the separate
-    rollout pool has `instances` vLLM-Ascend instances of `infer_tp` NPUs each. In mode `stock` there is no
-    separate pool: MindSpeed-RL's own colocated engines (`train_npus // infer_tp` of them) generate.
+    `train_npus` run the colocated Megatron workers (`rl_config.actor_resource.num_npus`); in modes `asp` and
+    `async` the separate rollout pool has `instances` vLLM-Ascend instances of `infer_tp` NPUs each. In modes
+    `colocated` and `stock` there is no separate pool: MindSpeed-RL's own colocated engines (`train_npus //
+    infer_tp` of them) generate. `asp.mode` alone decides which (never `max_lag`).
     """
 
     asp: MsrlAspSection
@@ -97,13 +107,18 @@ class MsrlTopology:
 
     @property
     def colocated_plan(self) -> bool:
-        """Mode `asp` with max_lag 0: synchronous, MindSpeed-RL's own colocated engines follow the plan."""
-        return self.asp.mode == "asp" and self.asp.max_lag == 0
+        """Mode `colocated`: synchronous, MindSpeed-RL's own colocated engines follow the plan."""
+        return self.asp.mode == "colocated"
 
     @property
     def separate_pool(self) -> bool:
-        """Modes `asp`/`async` with max_lag >= 1: a separate rollout pool and the asynchronous trainer."""
-        return self.asp.mode in ("asp", "async") and not self.colocated_plan
+        """Modes `asp`/`async`, at any max_lag: a separate rollout pool and the asynchronous trainer."""
+        return self.asp.mode in ("asp", "async")
+
+    @property
+    def plan_ordered(self) -> bool:
+        """Modes `asp`/`colocated`: the trainer's loader yields the dispatch plan's batches."""
+        return self.asp.mode in ("asp", "colocated")
 
     @property
     def equal_instance_calls(self) -> bool:
@@ -236,13 +251,12 @@ def _num_experts(data: Dict[str, Any], model: Optional[str]) -> int:
 def _refuse_moe_in_separate_pool(t: MsrlTopology, data: Dict[str, Any]) -> None:
     """The separate pool's weight export and transfer carry dense weights only: expert weights (sharded over
     EP ranks by Megatron, resharded by MindSpeed-RL's own colocated path) are never sent, so an MoE model
-    would generate with stale or missing experts. Refused before Ray starts; max_lag 0 (MindSpeed-RL's
+    would generate with stale or missing experts. Refused before Ray starts; mode `colocated` (MindSpeed-RL's
     colocated engines) stays allowed."""
     if not t.separate_pool:
         return
-    why = ("the asynchronous rollout pool (asp.mode {m!r}, asp.max_lag {lag}) cannot transfer expert weights; "
-           "use asp.max_lag: 0 (plan-ordered, MindSpeed-RL's colocated engines) or asp.mode: stock")
-    why = why.format(m=t.asp.mode, lag=t.asp.max_lag)
+    why = (f"the separate rollout pool (asp.mode {t.asp.mode!r}) cannot transfer expert weights; use asp.mode: "
+           "colocated (plan-ordered, MindSpeed-RL's colocated engines) or asp.mode: stock")
     path = t.path
     if bool(_get(data, "generate_config.enable_expert_parallel", path, False)):
         raise ConfigError("expert-parallel inference: " + why, path=path, key="generate_config.enable_expert_parallel")
@@ -258,10 +272,10 @@ def _refuse_moe_in_separate_pool(t: MsrlTopology, data: Dict[str, Any]) -> None:
 
 
 def _separate_pool_why(t: MsrlTopology) -> str:
-    return f"the separate rollout pool (asp.mode {t.asp.mode!r}, asp.max_lag {t.asp.max_lag})"
+    return f"the separate rollout pool (asp.mode {t.asp.mode!r})"
 
 
-_KEEP_MSRL = "use asp.mode: asp with asp.max_lag: 0, or asp.mode: stock (both keep MindSpeed-RL's own engines)"
+_KEEP_MSRL = "use asp.mode: colocated or asp.mode: stock (both keep MindSpeed-RL's own engines)"
 
 # generate_config.sampling_config keys that change the distribution tokens are drawn from, with the value that
 # leaves it unchanged and how a value is neutral. An absent key is neutral: GenerateConfig replaces its
@@ -388,21 +402,30 @@ def _check(t: MsrlTopology, data: Dict[str, Any]) -> None:
         raise ConfigError("ASP drives the integrated worker only", path=path, key="rl_config.use_integrated_worker")
     if not bool(_get(data, "rl_config.blocking", path, True)):
         raise ConfigError("the ASP trainer calls the actor's stages blocking", path=path, key="rl_config.blocking")
-    if t.asp.mode == "asp" and not t.asp.plan_path:
-        raise ConfigError("mode 'asp' needs a dispatch plan (build it with `asp plan`)", path=path,
+    if t.plan_ordered and not t.asp.plan_path:
+        raise ConfigError(f"mode {t.asp.mode!r} needs a dispatch plan (build it with `asp plan`)", path=path,
                           key="asp.plan_path")
     if t.colocated_plan and t.asp.instances != t.colocated_instances:
-        raise ConfigError(f"with max_lag 0 the plan drives MindSpeed-RL's {t.colocated_instances} colocated vLLM "
+        raise ConfigError(f"in mode colocated the plan drives MindSpeed-RL's {t.colocated_instances} colocated vLLM "
                           f"instances (actor NPUs / infer TP); set asp.instances to {t.colocated_instances}",
                           path=path, key="asp.instances")
-    if t.asp.mode == "asp" and not t.guarantee_order:
+    if t.plan_ordered and not t.guarantee_order:
         raise ConfigError("plan-ordered rows need guarantee_order: true", path=path, key="rl_config.guarantee_order")
     _check_equal_calls(t, data)
 
 
 def load_topology(path: str | Path) -> MsrlTopology:
-    """Read a MindSpeed-RL training YAML with an `asp:` section (the files in configs/)."""
+    """Read a MindSpeed-RL training YAML with an `asp:` section (the files in configs/), with the project's
+    strict reader (a key given twice is refused naming file, line and key)."""
     return topology_from_dict(read_yaml(path), str(path))
+
+
+def msrl_asp_section(data: Dict[str, Any], path: str) -> MsrlAspSection:
+    """The `asp:` section of a parsed MindSpeed-RL training YAML, `${oc.env:...}` resolved, validated alone (what
+    `asp lengths eval --config` reads: the estimator, without the cluster-shape checks of `topology_from_dict`)."""
+    if "asp" not in data:
+        raise ConfigError("no top-level 'asp:' section", path=path)
+    return validate_section(resolve_env(data["asp"], path, "asp"), MsrlAspSection, path, prefix="asp")
 
 
 def topology_from_env() -> Optional[MsrlTopology]:
@@ -425,60 +448,21 @@ def rollout_dispatch_size(counts: list, n: int, gbs: int, instances: int) -> int
     return n * max(1, g)
 
 
-def scheduler_section(path: str | Path) -> Dict[str, Any]:
-    """The YAML's `asp:` section without the loss keys, `${oc.env:...}` resolved: what the project's strict
-    `AspSection` reads. The launch scripts write it next to the plan."""
-    return {"asp": _scheduler_part(read_yaml(path), str(path))}
-
-
-def _scheduler_part(data: Dict[str, Any], path: str) -> Dict[str, Any]:
-    """A parsed training YAML's `asp:` mapping, validated whole (loss keys included), without the loss keys."""
-    if "asp" not in data:
-        raise ConfigError("no top-level 'asp:' section", path=path)
-    section = resolve_env(data["asp"], path, "asp")
-    if not isinstance(section, dict):
-        raise ConfigError("expected a mapping", path=path, key="asp")
-    validate_section(section, MsrlAspSection, path, prefix="asp")
-    return {k: v for k, v in section.items() if k not in LOSS_KEYS}
-
-
-def load_scheduler_section(path: str | Path) -> AspSection:
-    """The scheduler's settings from any YAML with an `asp:` section, as `asp plan --config` and `asp lengths
-    --config` read them: a standalone run config as it is; a MindSpeed-RL training YAML (one with MindSpeed-RL's
-    own sections) validated with its loss keys, which are then left to the loss patch. Why: users point both
-    commands at the per-model YAML their launch script runs, and the strict `AspSection` alone refuses its
-    loss keys."""
-    data = read_yaml(path)
-    if not is_training_yaml(data):
-        return load_asp_section(path)
-    return validate_section(_scheduler_part(data, str(path)), AspSection, str(path), prefix="asp")
+#: The variables the launch scripts read from `shell_vars`, each with its reader in shell/ (and nothing else:
+#: every other setting reaches a process through the composed YAML, read there once).
+SHELL_VARS = {
+    "ASP_MODE": "msrl_common.sh asp_build_plan (a plan for modes asp/colocated); ascend_first_run.sh (not stock)",
+    "ASP_TOTAL_NPUS": "msrl_common.sh asp_launch; ascend_first_run.sh; compare_msrl.sh (stock's NPUs)",
+    "ASP_TRAIN_NPUS": "ascend_first_run.sh (first_run_report --trainer-ranks)",
+    "ASP_TRAIN_ITERS": "msrl_common.sh (TRAIN_ITERS for export_prompts --train-iters)",
+    "ASP_SEED": "compare_msrl.sh (stock's megatron_training.seed)",
+    "ASP_PROBE_TOLERANCE": "ascend_first_run.sh (first_run_report --probe-tolerance)",
+}
 
 
 def shell_vars(t: MsrlTopology) -> str:
-    """`KEY=value` lines for the launch scripts (sourced with eval)."""
+    """`KEY=value` lines of SHELL_VARS for the launch scripts (sourced with eval)."""
     import shlex
-    v = {"ASP_MODE": t.asp.mode, "ASP_INSTANCES": t.instances, "ASP_SLOTS": t.asp.slots, "ASP_GBS": t.gbs,
-         "ASP_N": t.n, "ASP_MAX_TOKENS": t.max_tokens, "ASP_TRAIN_NPUS": t.train_npus,
-         "ASP_ROLLOUT_NPUS": t.rollout_npus, "ASP_TOTAL_NPUS": t.total_npus, "ASP_INFER_TP": t.infer_tp,
-         "ASP_MAX_LAG": t.asp.max_lag, "ASP_PLANNER": t.asp.planner, "ASP_TRAIN_ITERS": t.train_iters,
-         "ASP_SEED": t.seed, "ASP_PLAN_PATH": t.asp.plan_path or "", "ASP_COLOCATED_PLAN": int(t.colocated_plan),
-         "ASP_PROBE_TOLERANCE": t.asp.weight_probe_tolerance}
+    v = {"ASP_MODE": t.asp.mode, "ASP_TOTAL_NPUS": t.total_npus, "ASP_TRAIN_NPUS": t.train_npus,
+         "ASP_TRAIN_ITERS": t.train_iters, "ASP_SEED": t.seed, "ASP_PROBE_TOLERANCE": t.asp.weight_probe_tolerance}
     return "\n".join(f"{k}={shlex.quote(str(x))}" for k, x in v.items())
-
-
-if __name__ == "__main__":
-    # python -m ...config_section CONFIG.yaml                    -> shell variables
-    # python -m ...config_section --scheduler-section CONFIG OUT -> asp: section for `asp plan --config`
-    # (errors: one line, exit 2)
-    import sys
-    try:
-        if sys.argv[1] == "--scheduler-section":
-            import yaml
-
-            from mindspeed_asp.atomic import write_text
-            write_text(sys.argv[3], yaml.safe_dump(scheduler_section(sys.argv[2]), sort_keys=False))
-        else:
-            print(shell_vars(load_topology(sys.argv[1])))
-    except InputError as exc:  # a bad config (ConfigError) or an unwritable output (OutputError)
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)

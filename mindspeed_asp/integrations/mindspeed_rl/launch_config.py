@@ -9,6 +9,10 @@ defaults list, and then points both MindSpeed-RL (`--config-path/--config-name`)
 it: both read the same composed values, by construction. Overrides of Hydra itself (`hydra.*`, `hydra/...`)
 stay on the launch line, where they configure Hydra's run directory and logging.
 
+The same process then reads the composed file once, with the project's strict reader, validates it
+(`config_section.topology_from_dict`) and prints the few shell variables the scripts themselves read
+(`config_section.SHELL_VARS`); every other setting reaches each process through the file.
+
 `check_launch_agrees` is the second line of defence, in the driver: a run launched without the scripts
 (overrides typed after `train_grpo.py` by hand) is refused when what MindSpeed-RL composed differs from the
 file ASP read, naming each key.
@@ -19,9 +23,10 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
-from mindspeed_asp.errors import ConfigError
+from mindspeed_asp.config import YamlProblem, parse_yaml, read_yaml
+from mindspeed_asp.errors import ConfigError, InputError
 
 #: keys (dotted prefixes) of the training YAML that ASP reads itself, in every process, from the file
 ASP_READ_KEYS: Tuple[str, ...] = (
@@ -91,8 +96,12 @@ def compose(config_file: str | Path, msrl_root: str | Path, overrides: Sequence[
 def write_composed(config_file: str | Path, msrl_root: str | Path, overrides: Sequence[str],
                    out_dir: str | Path) -> Path:
     """Compose and write `<out_dir>/<config name>.yaml` (the file the launch then uses everywhere)."""
+    return write_data(compose(config_file, msrl_root, overrides), config_file, overrides, out_dir)
+
+
+def write_data(data: Dict[str, Any], config_file: str | Path, overrides: Sequence[str], out_dir: str | Path) -> Path:
+    """Write a composed config as `<out_dir>/<config name>.yaml`, headed by where it came from."""
     import yaml
-    data = compose(config_file, msrl_root, overrides)
     out = Path(out_dir) / Path(config_file).name
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# {Path(config_file).name} composed by the launcher with Hydra's compose API "
@@ -103,14 +112,15 @@ def write_composed(config_file: str | Path, msrl_root: str | Path, overrides: Se
     return out
 
 
-def resume_overrides(composed: Path, workdir: str | Path, given: Sequence[str]) -> Tuple[List[str], int | None]:
+def resume_overrides(composed: Mapping[str, Any] | str | Path, workdir: str | Path,
+                     given: Sequence[str]) -> Tuple[List[str], int | None]:
     """The overrides that make a relaunch resume: when the composed config's `actor_config.save` (relative to
     `workdir`, where the entry runs) holds a checkpoint with ASP's state, load from it with finetune,
     no_load_optim and no_load_rng off, except for any of those keys the launch line set itself. ([], None) when
-    there is nothing to resume or `asp.ignore_saved_state` is set."""
-    import yaml
+    there is nothing to resume or `asp.ignore_saved_state` is set. `composed`: the composed mapping, or its
+    file (read with the strict reader)."""
     from mindspeed_asp.integrations.mindspeed_rl.resume_state import RESUME_OVERRIDES, resumable_iteration
-    data = yaml.safe_load(composed.read_text())
+    data = dict(composed) if isinstance(composed, Mapping) else read_yaml(composed)
     save = dig(data, "actor_config.save")
     if not save or dig(data, "asp.ignore_saved_state") is True:
         return [], None
@@ -157,19 +167,26 @@ def check_entry_overrides(argv: Sequence[str], file_data: Dict[str, Any], path: 
     """Refuse overrides typed on the entry's command line (MindSpeed-RL composes them, ASP's file does not
     have them) of keys ASP reads, unless the file already holds the same value: the launcher composes the
     overrides into the file and passes none, so such an override means a launch by hand."""
-    import yaml
     bad = []
     for key, value in entry_overrides(argv):
         if not read_by_asp(key):
             continue
         have = dig(file_data, key)
-        want = None if value is None else yaml.safe_load(value) if value else value
+        want = None if value is None else _override_value(value) if value else value
         if value is None or want != have:
             bad.append(f"{key}={value if value is not None else '<deleted>'} (the file ASP reads has {have!r})")
     if bad:
         raise ConfigError("Hydra overrides on the entry's command line of keys ASP reads from the file would "
                           "reach MindSpeed-RL only: " + "; ".join(bad) + ". Pass them to a shell/ launcher (it "
                           "composes them into the file both read), or edit the config", path=path)
+
+
+def _override_value(text: str) -> Any:
+    """An override's value as YAML reads it (the strict reader); text that is no YAML stays text."""
+    try:
+        return parse_yaml(text)
+    except YamlProblem:
+        return text
 
 
 def check_launch_agrees(trainer: Any, file_data: Dict[str, Any], path: str) -> None:
@@ -189,9 +206,10 @@ def check_launch_agrees(trainer: Any, file_data: Dict[str, Any], path: str) -> N
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mindspeed_asp.integrations.mindspeed_rl.launch_config",
                                  description="Compose a training YAML with launch-line Hydra overrides into the "
-                                 "one file MindSpeed-RL and ASP both read; prints the shell variables "
-                                 "ASP_COMPOSED_CONFIG and ASP_HYDRA_ARGS (Hydra's own overrides, kept for the "
-                                 "launch line). Hydra overrides follow `--`.")
+                                 "one file MindSpeed-RL and ASP both read, validate it, and print the shell "
+                                 "variables the launch scripts read: ASP_COMPOSED_CONFIG, ASP_HYDRA_ARGS (Hydra's "
+                                 "own overrides, kept for the launch line) and config_section.SHELL_VARS. Hydra "
+                                 "overrides follow `--`.")
     ap.add_argument("config", help="the training YAML (configs/<name>.yaml)")
     ap.add_argument("out_dir", help="where the composed file goes (the run directory's config/)")
     ap.add_argument("--msrl-root", required=True, help="MindSpeed-RL checkout (its configs/ holds the model group; "
@@ -204,21 +222,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv[:cut])
     args.overrides = argv[cut + 1:]  # after `--`: Hydra overrides, passed as they are
     import shlex
+
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology, shell_vars
     try:
         hydra_args, config_args = split_overrides(args.overrides)
-        out = write_composed(args.config, args.msrl_root, config_args, args.out_dir)
-        resumed = None
+        data = compose(args.config, args.msrl_root, config_args)
         if args.resume == "auto":
-            extra, resumed = resume_overrides(out, args.msrl_root, config_args)
+            extra, resumed = resume_overrides(data, args.msrl_root, config_args)
             if extra:
-                out = write_composed(args.config, args.msrl_root, config_args + extra, args.out_dir)
+                config_args = config_args + extra
+                data = compose(args.config, args.msrl_root, config_args)
                 print(f"[asp] resuming iteration {resumed}: composed {' '.join(extra)}", file=sys.stderr)
-    except ConfigError as exc:
+        out = write_data(data, args.config, config_args, args.out_dir)
+        topo = load_topology(out)  # the file every process reads, as they read it: once, strictly
+    except InputError as exc:  # a bad override or config (ConfigError), an unwritable output (OutputError)
         print(f"[asp] error: {exc}", file=sys.stderr)
         return 2
     print(f"ASP_COMPOSED_CONFIG={shlex.quote(str(out))}")
-    print(f"ASP_RESUME_ITERATION={resumed or 0}")
     print("ASP_HYDRA_ARGS=(" + " ".join(shlex.quote(a) for a in hydra_args) + ")")
+    print(shell_vars(topo))
     return 0
 
 
