@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
@@ -25,7 +24,7 @@ import numpy as np
 from mindspeed_asp.atomic import write_json
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.limits import short_repr
-from mindspeed_asp.jsonl import iter_jsonl_objects
+from mindspeed_asp.jsonl import iter_jsonl_objects, loads
 from mindspeed_asp.textfile import read_text
 from mindspeed_asp.types import CostModel
 
@@ -163,15 +162,13 @@ def save_cost_json(fit: CostFit, path: PathLike, key: Optional[str] = None) -> P
 def load_cost_json(path: PathLike, key: Optional[str] = None) -> CostModel:
     """A CostModel from a cost file (keys a, b, c, optional p and source), as `asp fit-cost` writes it.
 
-    Every coefficient must be a finite number >= 0; errors name the file and the key (`key` names the flag or
-    config key that gave the path when the file itself is missing)."""
+    Every coefficient must be a finite number >= 0 and every key given once (json alone keeps the last of two
+    `"a"`s silently); errors name the file, line and key (`key` names the flag or config key that gave the path
+    when the file itself is missing)."""
     path = Path(path)
     if not path.is_file():
         raise InputError("cost file not found", path=str(path), key=key)
-    try:
-        data = json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
+    data = loads(read_text(path), path)  # invalid JSON or a key given twice: named with its line
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", path=str(path))
     vals = {}

@@ -33,7 +33,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def _write_tiny_plans(root: Path) -> None:
     """Plans for the packaged tiny run's dataset: one built with another minibatch, one with a NaN prediction."""
-    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.tasks import task_and_prompts
     from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
     from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
 
@@ -49,6 +49,30 @@ def _write_tiny_plans(root: Path) -> None:
     row = json.loads(lines[1])
     row["pred_median"] = float("nan")
     _write(root / "plan_nan.jsonl", lines[0] + json.dumps(row).encode() + b"\n" + b"".join(lines[2:]))
+    # a header giving slots twice (json alone keeps the last), in JSON Lines and in Parquet's schema metadata
+    _write(root / "plan_dupkey.jsonl", b'{"slots": 99, ' + lines[0][1:] + b"".join(lines[1:]))
+    import pyarrow.parquet as pq
+    from mindspeed_asp.scheduler.plan import META_KEY
+
+    plan.save(root / "plan_dupkey.parquet")
+    table = pq.read_table(root / "plan_dupkey.parquet")
+    header = table.schema.metadata[META_KEY]
+    pq.write_table(table.replace_schema_metadata({META_KEY: b'{"slots": 99, ' + header[1:]}),
+                   root / "plan_dupkey.parquet")
+
+
+def _write_parquet_histories(root: Path) -> None:
+    """Parquet histories whose lengths a numpy cast would have taken: booleans (True became a length of 1), a
+    uint64 beyond int64 (wrapped to a negative), a lengths column that is no list (an AttributeError)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids, epochs = pa.array(["a", "b"]), pa.array([0, 0], type=pa.int64())
+    for name, lengths in (("bool", pa.array([[True, True], [True]], type=pa.list_(pa.bool_()))),
+                          ("uint", pa.array([[3, 2**63 + 5], [4]], type=pa.list_(pa.uint64()))),
+                          ("flat", pa.array([3, 4], type=pa.int64()))):
+        pq.write_table(pa.table({"prompt_id": ids, "epoch": epochs, "lengths": lengths}),
+                       root / f"{name}_hist.parquet")
 
 
 def _write_checkpoint(run: Path, version: int, steps: int) -> None:
@@ -100,6 +124,16 @@ def template(tmp_path_factory) -> Path:
     _write(root / "cost_huge.json", b'{"a": 1' + b"0" * 400 + b', "b": 0.0, "c": 0.0}\n')  # beyond float's range
     _write(root / "timings_huge.jsonl", b'{"active": 1, "kv_tokens": 1' + b"0" * 400 + b', "step_time": 0.1}\n')
     _write(root / "cost_bad.json", b'{"a": 0.1, "b": 0.0, "c": 0.0, "source": "' + NOT_UTF8 + b'"}\n')
+    # a key given twice in each kind of JSON input (json alone keeps the last value silently)
+    _write(root / "cost_dup.json", b'{"a": 0.1,\n "b": 0.0,\n "a": 0.2, "c": 0.0}\n')
+    _write(root / "cfg_cost_dup.yaml", (asp + "  cost: {file: cost_dup.json}\n").encode())
+    _write(root / "dupkey_hist.jsonl", hist[0] + b'{"prompt_id": "zz", "epoch": 0, "lengths": [5], "epoch": 1}\n')
+    _write(root / "dupkey_prompts.jsonl", good[0] + b'{"prompt_id": "q", "prompt_len": 3, "prompt_len": 4}\n')
+    _write(root / "dupkey_prompts.json", b'[{"prompt_id": "a", "prompt_len": 3},\n {"prompt_id": "b",\n'
+           b'  "prompt_len": 4, "prompt_len": 5}]\n')
+    _write(root / "timings_dup.jsonl", b'{"active": 1, "kv_tokens": 10, "step_time": 0.1, "step_time": 0.2}\n')
+    _write(root / "run_dupkey" / "summary.json", b'{"mode": "asp", "steps": 2,\n "mode": "stock"}\n')
+    _write_parquet_histories(root)
     _write(root / "afile", SENTINEL)
     (root / "adir.jsonl").mkdir()
     for out in ("p.jsonl", "s.json", "c.json", "x.jsonl", "sim/simulate.json"):
@@ -156,6 +190,9 @@ def _plan(*extra: str) -> List[str]:
             del argv[j:j + 2]
     return argv + list(extra)
 
+
+WHATIF = ["whatif", "--model", "qwen25_7b", "--devices", "8", "--planners", "asp", "--max-lag", "1", "--no-refine",
+          "--no-plots", "--quiet"]
 
 # (case id, argv, substrings the one error line must contain)
 CATALOGUE = [
@@ -225,6 +262,17 @@ CATALOGUE = [
     ("plan-instances-over-window", _plan("--instances", "8", "--groups-per-iteration", "4"),
      ["--instances", "--groups-per-iteration 4"]),
     ("plan-slots-below-n", _plan("--slots", "1", "--n", "4"), ["--slots 1", "--n 4"]),
+    # a JSON key given twice, in every JSON input `asp plan` reads (json alone keeps the last value silently)
+    ("plan-cost-duplicate-key", _plan("--cost", "cost_dup.json"), ["cost_dup.json:3", "'a'", "duplicate key",
+                                                                   "first given on line 1"]),
+    ("plan-config-cost-file-duplicate-key", _plan("--config", "cfg_cost_dup.yaml"),
+     ["cost_dup.json:3", "'a'", "duplicate key"]),
+    ("plan-history-duplicate-key", _plan("--history", "dupkey_hist.jsonl"),
+     ["dupkey_hist.jsonl:2", "'epoch'", "duplicate key"]),
+    ("plan-dataset-duplicate-key", _plan("--dataset", "dupkey_prompts.jsonl"),
+     ["dupkey_prompts.jsonl:2", "'prompt_len'", "duplicate key"]),
+    ("plan-dataset-array-duplicate-key", _plan("--dataset", "dupkey_prompts.json"),
+     ["dupkey_prompts.json:3", "'prompt_len'", "duplicate key", "first given on line 3"]),
     # asp simulate
     ("sim-sync-time-nan", SIM + ["--sync-time", "nan"], ["--sync-time"]),
     ("sim-overhead-negative", SIM + ["--overhead", "-1"], ["--overhead"]),
@@ -245,12 +293,26 @@ CATALOGUE = [
     ("sim-seeds-huge", SIM + ["--seeds", str(2**32)], ["--seeds", "4294967295"]),
     ("sim-instances-over-groups", SIM[:5] + ["--instances", "100000"] + SIM[7:], ["--instances", "8 groups"]),
     ("sim-slots-below-n", SIM[:7] + ["--slots", "1"] + SIM[9:], ["--slots 1", "n=2"]),
+    ("sim-cost-duplicate-key", SIM + ["--cost-file", "cost_dup.json"], ["cost_dup.json:3", "'a'", "duplicate key"]),
+    ("sim-history-parquet-bool-lengths", SIM[:2] + ["history:bool_hist.parquet"] + SIM[3:],
+     ["bool_hist.parquet", "'lengths'", "must be integers", "bool"]),
+    ("sim-history-parquet-uint64-length", SIM[:2] + ["history:uint_hist.parquet"] + SIM[3:],
+     ["uint_hist.parquet", "row 1", "'lengths'", "9223372036854775813", "out of range"]),
+    ("sim-history-parquet-lengths-not-a-list", SIM[:2] + ["history:flat_hist.parquet"] + SIM[3:],
+     ["flat_hist.parquet", "'lengths'", "list column"]),
+    # asp whatif: its shape flags bounded as asp plan/simulate bound theirs
+    ("whatif-slots-huge", WHATIF + ["--slots", "2000000000"], ["--slots", "GiB"]),
+    ("whatif-slots-below-n", WHATIF + ["--slots", "4"], ["--slots 4", "n=8"]),
+    ("whatif-window-groups-huge", WHATIF + ["--window-groups", "2000000000"], ["--window-groups", "GiB"]),
+    ("whatif-windows-huge", WHATIF + ["--windows", "300000000"], ["--windows", "GiB"]),
     # asp fit-cost (refused before any engine starts)
     ("fit-gmu-nan", FIT + ["--gpu-memory-utilization", "nan"], ["--gpu-memory-utilization"]),
     ("fit-decode-steps-0", FIT + ["--decode-steps", "0"], ["--decode-steps"]),
     ("fit-out-parent-file", FIT[:-1] + ["afile/c.json"], ["afile", "-o"]),
     ("fit-timings-beyond-float", ["fit-cost", "--timings", "timings_huge.jsonl", "-o", "c.json"],
      ["timings_huge.jsonl:1", "'kv_tokens'", "not a number"]),
+    ("fit-timings-duplicate-key", ["fit-cost", "--timings", "timings_dup.jsonl", "-o", "c.json"],
+     ["timings_dup.jsonl:1", "'step_time'", "duplicate key"]),
     # asp train (refused before Ray starts)
     ("train-out-holds-run", ["train", "--quiet", "--out", "run_old"], ["run_old", "--overwrite", "--resume"]),
     ("train-out-is-file", ["train", "--quiet", "--out", "afile"], ["afile", "--out"]),
@@ -279,10 +341,21 @@ CATALOGUE = [
      ["asp.estimator.kind", "duplicate key"]),
     ("train-config-duplicate-key", TRAIN + ["--config", "run_dup.yaml"], ["run_dup.yaml:4", "run.steps", "line 2"]),
     ("train-max-model-len-huge", TRAIN + ["model.max_model_len=100000000"], ["model.max_model_len", "10000000"]),
+    ("train-timeout-beyond-a-week", TRAIN + ["run.step_timeout_s=1e9"],
+     ["run.step_timeout_s", "a timeout is at most 604800 s", "'run.step_timeout_s=1e9'"]),
+    ("train-stock-with-a-lag", TRAIN + ["--mode", "stock", "asp.max_lag=2"],
+     ["asp.max_lag", "asp.mode=stock trains at lag 0 only", "(--mode stock)", "'asp.max_lag=2'"]),
     ("train-plan-other-minibatch", TRAIN + ["asp.plan_path=plan_mb4.jsonl"],
      ["asp.plan_path", "minibatch_groups=4", "asp.minibatch_groups=8", "asp plan --minibatch 8"]),
     ("train-plan-nan-prediction", TRAIN + ["asp.plan_path=plan_nan.jsonl"],
      ["asp.plan_path", "plan_nan.jsonl:2", "'pred_median'", "nan"]),
+    ("train-plan-header-duplicate-key", TRAIN + ["asp.plan_path=plan_dupkey.jsonl"],
+     ["asp.plan_path", "plan_dupkey.jsonl:1", "'slots'", "duplicate key"]),
+    ("train-plan-parquet-header-duplicate-key", TRAIN + ["asp.plan_path=plan_dupkey.parquet"],
+     ["asp.plan_path", "plan_dupkey.parquet", "'mindspeed_asp.plan.slots'", "duplicate key"]),
+    ("train-cost-file-duplicate-key", TRAIN + ["asp.cost.file=cost_dup.json"],
+     ["asp.cost.file", "cost_dup.json:3", "'a'", "duplicate key"]),
+    ("train-cost-file-nan", TRAIN + ["asp.cost.file=cost_nan.json"], ["asp.cost.file", "cost_nan.json", "'a'"]),
     ("train-config-not-utf8", TRAIN + ["--config", "bad.yaml"], ["bad.yaml:2", "UTF-8"]),
     ("train-msrl-training-yaml", TRAIN + ["--config", str(Path(__file__).resolve().parents[1] / "configs"
                                                           / "qwen25_7b_A3_asp.yaml")],
@@ -299,6 +372,8 @@ CATALOGUE = [
      ["run_torn/checkpoint/ckpt-000002-1/trainer.pt", "--resume", "truncated"]),
     # asp compare
     ("compare-summary-not-utf8", ["compare", "run_bad", "run_old"], ["run_bad/summary.json:1", "UTF-8"]),
+    ("compare-summary-duplicate-key", ["compare", "run_dupkey", "run_old"],
+     ["run_dupkey/summary.json:2", "'mode'", "duplicate key"]),
     ("compare-json-parent-file", ["compare", "run_old", "--json", "afile/c.json"], ["--json"]),
     # asp demo (refused before Ray starts)
     ("demo-out-holds-run", ["demo", "--quiet", "--out", "demo_old"], ["demo_old", "--overwrite"]),
@@ -459,3 +534,70 @@ def test_refusals_in_a_real_process(template, tmp_path, argv, expect, prelude):
     assert proc.returncode == 2, proc.stderr
     _assert_one_error_line(proc.stderr, proc.stdout, [expect])
     assert _snapshot(ws) == before
+
+
+# ============================================================================ MindSpeed-RL's plan path
+@pytest.fixture(scope="module")
+def msrl_plan(tmp_path_factory):
+    """What node 0 builds before a MindSpeed-RL + ASP run (shell/msrl_common.sh: asp_prepare, asp_build_plan)
+    for qwen3_8b_A3_asp and 64 exported prompts, with the composed config the run then reads."""
+    pytest.importorskip("hydra", reason="the launchers compose configs with Hydra: pip install mindspeed-asp[contract]")
+    import numpy as np
+    from test_integration_scripts import SHELL, fake_msrl
+
+    tmp = tmp_path_factory.mktemp("msrl_plan")
+    rng = np.random.default_rng(0)
+    dataset = [{"input_ids": np.arange(int(rng.integers(5, 300)))} for _ in range(64)]
+    with open(tmp / "prompts.jsonl", "w") as fh:  # what export_prompts.py writes
+        for i, item in enumerate(dataset):
+            fh.write(json.dumps({"prompt_id": str(i), "prompt_len": len(item["input_ids"])}) + "\n")
+    env = dict(os.environ, MINDSPEED_RL_ROOT=str(fake_msrl(tmp)), RUN_DIR=str(tmp / "run"),
+               ASP_PYTHON=sys.executable, ASP_MINDSPEED_RL_COMMIT="05a90d7", ASP_PROMPTS=str(tmp / "prompts.jsonl"))
+    env.pop("ASP_PLAN", None)
+    out = subprocess.run(["bash", "-c", f"source {SHELL / 'msrl_common.sh'}; asp_prepare qwen3_8b_A3_asp; "
+                          "asp_build_plan; echo \"CONFIG_FILE=$CONFIG_FILE\""], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    config = [x.split("=", 1)[1] for x in out.stdout.splitlines() if x.startswith("CONFIG_FILE=")][-1]
+    return tmp / "run" / "plan.parquet", config, dataset
+
+
+def test_msrl_plan_is_checked_against_every_setting_it_depends_on(msrl_plan, monkeypatch):
+    """The plan-ordered loader of a MindSpeed-RL run (data_patches.open_plan with the run's topology) accepts
+    the plan its launcher built, and refuses one built for another value of any setting the plan depends on
+    (scheduler/plan.py SETTINGS), naming the MindSpeed-RL key to change and the `asp plan` line (was: only the
+    instance count and the dataset were checked, so a plan for another batch, n, cap, slots, lag bound or
+    planner drove the run)."""
+    import dataclasses
+
+    from mindspeed_asp.errors import PlanMismatchError
+    from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology
+    from mindspeed_asp.integrations.mindspeed_rl.data_patches import (MSRL_PLAN_SETTING_KEYS, open_plan,
+                                                                      prompt_set_from_dataset)
+    from mindspeed_asp.scheduler.plan import SETTINGS
+
+    path, config, dataset = msrl_plan
+    monkeypatch.setenv("ASP_PLAN", str(path))
+    topo = load_topology(config)
+    assert set(MSRL_PLAN_SETTING_KEYS) == set(SETTINGS)  # a new setting must say where MindSpeed-RL keeps it
+    plan = open_plan(str(path), topo.instances, prompt_set_from_dataset(dataset, topo.n), topo=topo)
+    assert plan.instances == topo.instances and plan.num_iterations == 2
+
+    def asp(**kw):
+        return dataclasses.replace(topo, asp=topo.asp.model_copy(update=kw))
+
+    other = {"n": dataclasses.replace(topo, n=topo.n * 2), "instances": asp(instances=topo.instances * 2),
+             "slots": asp(slots=topo.asp.slots // 2), "kv_budget": asp(kv_budget_tokens=100_000),
+             "minibatch_groups": asp(minibatch_groups=topo.asp.minibatch_groups // 2),
+             "groups_per_iteration": dataclasses.replace(topo, gbs=topo.gbs // 2),
+             "max_new_tokens": dataclasses.replace(topo, max_tokens=topo.max_tokens // 2),
+             "max_lag": asp(max_lag=topo.asp.max_lag + 1),
+             "work_stealing": asp(work_stealing=not topo.asp.work_stealing),
+             "planner": asp(planner="lpt")}
+    assert set(other) == set(SETTINGS)
+    for setting, changed in other.items():
+        with pytest.raises(PlanMismatchError) as exc:
+            open_plan(str(path), topo.instances, topo=changed)
+        message = str(exc.value)
+        assert f"built with {setting}=" in message and f"the run has {MSRL_PLAN_SETTING_KEYS[setting]}=" in message
+        assert "rebuild the plan for this run (`asp plan" in message and "\n" not in message, message

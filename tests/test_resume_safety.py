@@ -10,7 +10,11 @@
   either is refused naming the file; a checkpoint without hashes loads with a warning; NaN weights are refused
   naming trainer.pt.
 - Full disk: ENOSPC (or torch's "unexpected pos") while a checkpoint is written ends with one line naming the
-  checkpoint's path, the temporary directory gone and the previous checkpoint whole and resumable.
+  checkpoint's path, the temporary directory gone and the previous checkpoint whole and resumable; ENOSPC or
+  EIO while a step is appended to metrics.jsonl between checkpoints ends the same way (one RunError line naming
+  the file, the cause and the checkpoint to resume from).
+- Lengths: a history restored from a checkpoint obeys the length bounds of every file reader (1 .. 10^7
+  tokens): a 0 is refused naming state.json and the key, not kept to fail `asp simulate` later.
 
 All fast (no Ray, no vLLM) except the last test, which runs the whole story through `asp train`.
 """
@@ -133,7 +137,8 @@ def test_a_damaged_state_is_refused_naming_the_key_and_the_run_files_stay(tmp_pa
                                                                           words):
     """The driver refuses a state.json with a missing key or a wrong type, naming the file and the key, before
     Ray, and every file of the run is byte for byte as it was (the old driver emptied metrics.jsonl first)."""
-    from mindspeed_asp.runtime.driver import Driver, task_and_prompts
+    from mindspeed_asp.runtime.driver import Driver
+    from mindspeed_asp.runtime.tasks import task_and_prompts
 
     cfg = _config(tiny_model)
     run = _run_with_steps(tmp_path / "run")
@@ -496,3 +501,109 @@ def test_full_disk_run_is_locked_while_it_goes_then_resumes_from_the_previous_ch
     assert [s["step"] for s in steps] == list(range(6))
     assert json.loads((out / "summary.json").read_text())["resumes"][0]["from_version"] == 2
     assert not (out / "run.lock").exists()
+
+
+# ============================================================================ 5. a full disk between checkpoints
+class _BrokenFile:
+    """What `open` gives once the device fails with `errno` (EIO: a dying disk, EROFS: remounted read-only)."""
+
+    def __init__(self, code: int) -> None:
+        self.code, self.closed = code, False
+
+    def write(self, text: str) -> int:
+        raise OSError(self.code, os.strerror(self.code))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("how", ["enospc", "eio"])
+def test_a_full_disk_while_appending_a_step_is_one_line_and_the_checkpoint_resumes(tmp_path, monkeypatch, how):
+    """The disk fills (a real ENOSPC: metrics.jsonl is /dev/full) or fails (EIO) after the checkpoint at step 2,
+    when step 2's line is appended: one RunError naming the file, the cause and the checkpoint to resume from
+    (was an OSError with no file named); closing the recorder raises nothing more; the checkpoint is whole, and
+    a recorder resumed from it rewrites metrics.jsonl to its steps and goes on."""
+    from mindspeed_asp.runtime import metrics_log
+
+    run = tmp_path / "run"
+    rec = RunRecorder(run, mode="asp", instances=1, slots=4, minibatch_groups=1, max_lag=1)
+    for k in range(2):
+        rec.log_step({"step": k, "version": k + 1, "t_end": float(k)}, [0])
+    previous = ck.write_checkpoint(run, {"version": 2, "recorder": rec.state_dict()}, FakeTrainer())
+    rec.close()  # reopened for the next step, as after a resume
+    if how == "enospc":
+        (run / "metrics.jsonl").unlink()
+        os.symlink("/dev/full", run / "metrics.jsonl")
+    else:
+        monkeypatch.setattr(metrics_log, "open", lambda *a, **k: _BrokenFile(errno.EIO), raising=False)
+    with pytest.raises(RunError) as exc:
+        rec.log_step({"step": 2, "version": 3, "t_end": 2.0}, [0])
+    message = str(exc.value)
+    cause = "No space left on device" if how == "enospc" else os.strerror(errno.EIO)
+    assert message.startswith(f"{run / 'metrics.jsonl'}: cannot append step 2 ({cause}); the run stops"), message
+    assert f"previous checkpoint {previous}" in message and f"--resume {run}" in message and "\n" not in message
+    rec.close()
+    _check_previous_intact(run, previous)
+    monkeypatch.undo()
+    if how == "enospc":
+        (run / "metrics.jsonl").unlink()  # space freed
+    resumed = RunRecorder(run, mode="asp", instances=1, slots=4, minibatch_groups=1, max_lag=1)
+    resumed.load_state_dict(ck.read_state(ck.latest_checkpoint(run))["recorder"], defer_files=True)
+    resumed.open_steps()
+    resumed.log_step({"step": 2, "version": 3, "t_end": 2.0}, [0])
+    resumed.close()
+    assert [r["step"] for r in read_steps(run)] == [0, 1, 2]
+
+
+def test_a_read_only_run_directory_is_one_line_before_the_first_step(tmp_path, monkeypatch):
+    """metrics.jsonl cannot even be opened (EROFS): the same one line, naming the file and the cause."""
+    from mindspeed_asp.runtime import metrics_log
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(args[0]))
+
+    rec = RunRecorder(tmp_path, mode="asp", instances=1, slots=4, minibatch_groups=1, max_lag=1)
+    monkeypatch.setattr(metrics_log, "open", read_only, raising=False)
+    with pytest.raises(RunError, match=f"metrics.jsonl: cannot write it \\({os.strerror(errno.EROFS)}\\).*no "
+                                       "checkpoint to resume from"):
+        rec.open_steps()
+    rec.close()
+
+
+# ============================================================================ 6. lengths in a restored history
+def test_a_zero_length_in_a_checkpointed_history_is_refused_naming_the_file_and_key(tmp_path):
+    """A WindowPlanner's history goes through state.json and back; a 0 in it (which every file reader refuses,
+    and `asp simulate` crashed on once saved) is refused on restore naming state.json and `planner`, and in
+    `LengthHistory.add` itself, as are a boolean, a fraction and a length beyond 10^7."""
+    import numpy as np
+
+    from mindspeed_asp.config import AspSection
+    from mindspeed_asp.runtime.replan import WindowPlanner
+    from mindspeed_asp.scheduler.history import LengthHistory
+    from mindspeed_asp.types import PromptSet
+
+    prompts = PromptSet(np.array(["p0", "p1"], dtype=object), np.array([5, 7]), n=2)
+    planner = WindowPlanner(AspSection(), prompts, max_new_tokens=16, instances=1)
+    planner.observe("p0", 0, [3, 4])
+    planner.observe("p1", 0, [2, 9])
+    state = ck.decode(json.loads(json.dumps(ck.encode(planner.state_dict()))))  # as state.json holds it
+    restored = WindowPlanner(AspSection(), prompts, max_new_tokens=16, instances=1)
+    with ck.restoring(tmp_path / "state.json", "planner"):
+        restored.load_state_dict(state)
+    assert restored.history.lengths_for(["p1"])[0][0].tolist() == [2, 9]
+    state["history"][1]["lengths"] = [2, 0]
+    with pytest.raises(InputError) as exc:
+        with ck.restoring(tmp_path / "state.json", "planner"):
+            restored.load_state_dict(state)
+    message = str(exc.value)
+    assert str(tmp_path / "state.json") in message and "'planner'" in message, message
+    assert "prompt 'p1' epoch 0" in message and "length 0" in message and "at least one token" in message
+    for bad, words in (([0], "length 0"), ([True], "must be an integer"), ([2.5], "must be an integer"),
+                       ([10**7 + 1], "out of range"), ([10**20], "out of range")):
+        with pytest.raises(ValueError, match=words):
+            LengthHistory().add("p", 0, bad)
+    with pytest.raises(ValueError, match="epoch 1: length 0"):
+        LengthHistory().add_epoch(["a", "b"], 1, np.array([[3, 1], [0, 2]]))

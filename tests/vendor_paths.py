@@ -1,7 +1,7 @@
 """Where the tests find MindSpeed-RL and MindSpeed's pinned sources.
 
 `MINDSPEED_RL_SRC` / `MINDSPEED_SRC` win when set. Otherwise the unmodified pinned copies that sit beside the
-checkout on developer machines and in CI (`../shared/vendor/`) are used, read in place. A user's clone has
+checkout on developer machines and in CI (`VENDOR` below) are used, read in place. A user's clone has
 neither, and the tests that need them skip with `missing_reason()`.
 """
 from __future__ import annotations
@@ -38,4 +38,4 @@ def missing_reason(what: str = "MindSpeed-RL") -> str:
     if raw:
         return f"{env}={raw} does not hold the {what} sources"
     return (f"no {what} sources: set {env} to a checkout at the pinned commit, or run from a clone that has "
-            f"../shared/vendor/ beside it")
+            f"the vendored pinned sources beside it (tests/vendor_paths.py VENDOR)")

@@ -7,11 +7,11 @@ log reader, when installed). Loaders are pluggable: `register_loader(predicate, 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import InputError
+from mindspeed_asp.jsonl import loads
 from mindspeed_asp.metrics import E2E_TPS_TEXT, devices_of, rho_stock
 from mindspeed_asp.run_report import EVENTS, any_events, run_events
 from mindspeed_asp.textfile import read_text
@@ -102,10 +102,7 @@ def register_loader(predicate: Callable[[Path], bool], loader: Loader, first: bo
 def load_run_dir(path: Path) -> Dict[str, Any]:
     """A run directory written by `asp train`/`asp demo`."""
     f = path / "summary.json"
-    try:
-        data = json.loads(read_text(f))  # read_text names a line that is not UTF-8
-    except ValueError as exc:
-        raise InputError(f"not valid JSON: {exc}", path=str(f)) from None
+    data = loads(read_text(f), f)  # names a line that is not UTF-8, invalid JSON or a key given twice
     if not isinstance(data, dict):
         raise InputError("summary must be a JSON object", path=str(f))
     data.setdefault("name", path.name)

@@ -113,6 +113,11 @@ def make_setting(args: argparse.Namespace):
         raise InputError(f"{s.devices} devices are not a multiple of TP {s.tp}", key="--tp")
     wi.check_fits(s, tp_key="--tp" if args.tp is not None or not args.config
                   else "generate_config.infer_tensor_parallel_size")
+    from_config = bool(args.config)
+    wi.check_shape(s, args.windows,
+                   slots_key="asp.slots" if from_config and args.slots is None else "--slots",
+                   groups_key="megatron_training.global_batch_size" if from_config and args.window_groups is None
+                   else "--window-groups")
     if args.cost_file:
         s = wi.with_overrides(s, cost_override=load_cost_json(args.cost_file, key="--cost-file"))
     return s

@@ -7,16 +7,18 @@ the definitions live in one place.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
 from mindspeed_asp.atomic import write_text
+from mindspeed_asp.errors import OutputError, RunError
 from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
 from mindspeed_asp.metrics import (DeviceCount, e2e_tps, generation_padding, idle_share, lag_histogram, lag_stats,
@@ -110,8 +112,11 @@ class RunRecorder:
             rec.update({"lag/mean": float(lags.mean()), "lag/max": int(lags.max())})
         self.steps.append(rec)
         self.open_steps()
-        self._steps_fh.write(json.dumps(_clean(rec)) + "\n")
-        self._steps_fh.flush()
+        try:
+            self._steps_fh.write(json.dumps(_clean(rec)) + "\n")
+            self._steps_fh.flush()
+        except OSError as exc:
+            raise self._steps_write_error(exc, f"append step {rec.get('step', len(self.steps) - 1)}") from exc
 
     def open_steps(self) -> None:
         """Open metrics.jsonl for this run's steps, once the run is known to proceed (the driver calls it at
@@ -122,11 +127,40 @@ class RunRecorder:
             return
         path = self.out_dir / STEPS_FILE
         mode = "a" if self._steps_opened else "w"
-        if self._rewrite_steps:
-            write_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in self.steps))  # atomic
-            self._rewrite_steps, mode = False, "a"
-        self._steps_fh = open(path, mode)
+        try:
+            if self._rewrite_steps:
+                write_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in self.steps))  # atomic
+                self._rewrite_steps, mode = False, "a"
+            self._steps_fh = open(path, mode)
+        except (OSError, OutputError) as exc:  # the atomic rewrite's OutputError keeps the OSError as context
+            raise self._steps_write_error(exc, "write it") from exc
         self._steps_opened = True
+
+    def _steps_write_error(self, exc: BaseException, doing: str) -> RunError:
+        """The one-line stop for a refused write of metrics.jsonl between checkpoints (a full disk, an I/O
+        error, a file system gone read-only): names the file, the OS's cause and the checkpoint to resume from,
+        as a failed checkpoint write does. The file handle is dropped without another write (its unflushed
+        line would fail again on close and hide this error); a resume rewrites the file to the checkpoint's
+        steps, so a partial last line goes then."""
+        fh, self._steps_fh = self._steps_fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:
+                pass
+        os_error = next((c for c in _chain(exc) if isinstance(c, OSError)), None)
+        cause = (os_error.strerror or str(os_error)) if os_error is not None else str(exc)
+        if os_error is not None and os_error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            fix = "free space"
+        else:
+            fix = "fix that"
+        from mindspeed_asp.runtime.checkpoint import checkpoint_info, checkpoint_root
+
+        info = checkpoint_info(self.out_dir)
+        after = (f"the previous checkpoint {checkpoint_root(self.out_dir) / str(info.get('dir'))} is intact: {fix}, "
+                 f"then `asp train --resume {self.out_dir}`" if isinstance(info, dict) and info.get("dir")
+                 else "the run has no checkpoint to resume from")
+        return RunError(f"{self.out_dir / STEPS_FILE}: cannot {doing} ({cause}); the run stops; {after}")
 
     def close(self) -> None:
         if self._steps_fh is not None and not self._steps_fh.closed:
@@ -273,6 +307,16 @@ class RunRecorder:
 #: Per-step keys of the off-policy correction (the trainer's `offpolicy/*` stats) and the token-weighted lag.
 OFFPOLICY_PREFIX = "offpolicy/"
 TOKEN_LAG_KEY = "lag/token_weighted_mean"
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the errors it wraps (cause or context), each once."""
+    seen: List[int] = []
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        seen.append(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
 
 
 def token_weighted_lag(lags: Sequence[int], response_lengths: Sequence[int]) -> float:

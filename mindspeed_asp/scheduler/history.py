@@ -19,7 +19,9 @@ instances or regenerated after a lag violation, are concatenated into one record
 instead hold each (prompt_id, epoch) once; a duplicate there is reported with its line. Every length read from
 a file is an integer in 1 .. 10^7 tokens (`mindspeed_asp.limits.MAX_LENGTH`: a response has at least one
 token, and 10^7 is far above any context length) and every epoch in 0 .. 2^31 - 1; anything else is refused
-with the file, line (or row) and key.
+with the file, line (or row) and key (a JSON key given twice too: `mindspeed_asp.jsonl`). Lengths added in
+code (`add`, `add_epoch`: the runtime's observed groups, a checkpoint's history, traces) obey the same bounds,
+refused with a ValueError naming the prompt and epoch (a resume names the checkpoint file and key).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import numpy as np
 from mindspeed_asp.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError
 from mindspeed_asp.jsonl import iter_jsonl_objects
-from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH, length_range_message, length_value
+from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH, length_range_message, length_value, short_repr
 
 SCHEMA_VERSION = 1
 CAP_METADATA = "mindspeed_asp.max_new_tokens"  # Parquet schema metadata key of a declared generation cap
@@ -88,27 +90,25 @@ class LengthHistory:
     # ------------------------------------------------------------------ building
     def add(self, prompt_id: str, epoch: int, lengths: Sequence[int]) -> None:
         """Record one group's observed lengths; a repeated (prompt_id, epoch) is merged (concatenated)."""
-        arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
-        _check_record(prompt_id, epoch, arr)
+        _check_epoch(epoch)
+        arr = checked_lengths(lengths, f"prompt {prompt_id!r} epoch {epoch}")
         self._pending.append((np.array([str(prompt_id)], dtype=object), np.array([int(epoch)], dtype=np.int64),
                               np.array([0, len(arr)], dtype=np.int64), arr))
         self._index = None
 
     def add_epoch(self, prompt_ids: Sequence[str], epoch: int, lengths: np.ndarray) -> None:
         """Record a whole epoch at once: `lengths` is [G, n] for the G prompt ids (vectorised add)."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        if lengths.ndim != 2 or lengths.shape[0] != len(prompt_ids):
-            raise ValueError(f"lengths must be [G={len(prompt_ids)}, n], got shape {lengths.shape}")
-        if lengths.shape[1] == 0:
+        shape = np.shape(lengths)
+        if len(shape) != 2 or shape[0] != len(prompt_ids):
+            raise ValueError(f"lengths must be [G={len(prompt_ids)}, n], got shape {shape}")
+        if shape[1] == 0:
             raise ValueError("each group needs at least one length")
-        if (lengths < 0).any():
-            raise ValueError("lengths must be >= 0")
-        if int(epoch) < 0:
-            raise ValueError("epoch must be >= 0")
-        G, n = lengths.shape
+        _check_epoch(epoch)
+        G, n = shape
+        lengths = checked_lengths(lengths, f"epoch {epoch}") if G else np.zeros(0, dtype=np.int64)
         pids = np.array([str(p) for p in prompt_ids], dtype=object)
         self._pending.append((pids, np.full(G, int(epoch), dtype=np.int64),
-                              np.arange(G + 1, dtype=np.int64) * n, lengths.reshape(-1)))
+                              np.arange(G + 1, dtype=np.int64) * n, lengths))
         self._index = None
 
     def extend(self, other: "LengthHistory") -> None:
@@ -399,16 +399,24 @@ class LengthHistory:
         if epoch_col.null_count:
             row = int(np.flatnonzero(np.asarray(epoch_col.is_null()))[0])
             raise InputError(f"row {row + 1}: epoch is null", path=str(path), key="epoch")
-        epoch = np.asarray(epoch_col.to_numpy(zero_copy_only=False)).astype(np.int64)
+        if not pa.types.is_integer(epoch_col.type):  # a float epoch would be truncated, a uint64 one wrap
+            raise InputError(f"epoch must be an integer column, got {epoch_col.type}", path=str(path), key="epoch")
+        epoch = np.asarray(epoch_col.to_numpy(zero_copy_only=False))
         lens = table.column("lengths").combine_chunks()
+        if not (pa.types.is_list(lens.type) or pa.types.is_large_list(lens.type)):
+            raise InputError(f"lengths must be a list column, got {lens.type}", path=str(path), key="lengths")
         if lens.null_count:
             row = int(np.flatnonzero(np.asarray(lens.is_null()))[0])
             raise InputError(f"row {row + 1}: lengths is null", path=str(path), key="lengths")
+        if not pa.types.is_integer(lens.type.value_type):  # floats, booleans: what the JSON readers refuse too
+            raise InputError(f"lengths must be integers, got {lens.type.value_type}", path=str(path), key="lengths")
         offsets = np.asarray(lens.offsets.to_numpy(), dtype=np.int64)
-        values = np.asarray(lens.flatten().to_numpy(zero_copy_only=False))
-        if values.dtype.kind == "f":
-            raise InputError("lengths must be integers", path=str(path), key="lengths")
-        values = values.astype(np.int64)
+        flat = lens.flatten()
+        if flat.null_count:
+            first = int(np.flatnonzero(np.asarray(flat.is_null()))[0])
+            row = int(np.searchsorted(offsets - offsets[0], first, side="right") - 1)
+            raise InputError(f"row {row + 1}: a length is null", path=str(path), key="lengths")
+        values = np.asarray(flat.to_numpy(zero_copy_only=False))
         offsets = offsets - offsets[0]
         bad = np.flatnonzero(epoch < 0)
         if len(bad):
@@ -423,6 +431,7 @@ class LengthHistory:
             row = int(np.searchsorted(offsets, first, side="right") - 1)
             raise InputError(f"row {row + 1}: {length_range_message(int(values[first]))}", path=str(path),
                              key="lengths")
+        values, epoch = values.astype(np.int64), epoch.astype(np.int64)  # in range: no uint64 wraps
         empty = np.flatnonzero(np.diff(offsets) == 0)
         if len(empty):
             raise InputError(f"row {empty[0] + 1}: empty lengths list", path=str(path), key="lengths")
@@ -448,13 +457,39 @@ def _kind(path: Path) -> str:
     raise InputError("length history must end in .parquet or .jsonl", path=str(path))
 
 
-def _check_record(prompt_id, epoch, arr: np.ndarray) -> None:
-    if isinstance(epoch, bool) or int(epoch) != epoch or int(epoch) < 0:
-        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+def _check_epoch(epoch) -> None:
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= int(epoch) <= MAX_COUNT:
+        raise ValueError(f"epoch must be an integer in 0 .. {MAX_COUNT}, got {epoch!r}")
+
+
+def checked_lengths(values, what: str) -> np.ndarray:
+    """`values` (any array-like) as a flat int64 array of token lengths, each an integer in 1 .. MAX_LENGTH, or a
+    ValueError naming `what` (the prompt and epoch) and the first bad value. Why here and not only in the file
+    readers: lengths also arrive in code (the runtime's observed groups, a checkpoint's history, traces and
+    synthetic workloads), and a 0 kept in memory is saved, planned and simulated with, far from where it came
+    in. Integral floats (12.0) are taken, as numpy arithmetic gives them; booleans are not."""
+    try:
+        arr = np.asarray(values).reshape(-1)
+    except ValueError as exc:  # a ragged nesting
+        raise ValueError(f"{what}: lengths must be a flat list of integers ({exc})") from None
     if arr.size == 0:
-        raise ValueError(f"prompt {prompt_id!r} epoch {epoch}: at least one length is needed")
-    if (arr < 0).any():
-        raise ValueError(f"prompt {prompt_id!r} epoch {epoch}: lengths must be >= 0")
+        raise ValueError(f"{what}: at least one length is needed")
+    kind = arr.dtype.kind
+    if kind == "O":  # Python integers beyond int64, or mixed types
+        for v in arr.tolist():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{what}: a length must be an integer, got {short_repr(v)}")
+    elif kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if len(bad):
+            raise ValueError(f"{what}: a length must be an integer, got {float(arr[bad[0]])!r}")
+    elif kind not in "iu":  # booleans, strings
+        raise ValueError(f"{what}: a length must be an integer, got {short_repr(arr[0].item())}")
+    out = np.flatnonzero((arr < 1) | (arr > MAX_LENGTH))
+    if len(out):
+        v = arr[out[0]]
+        raise ValueError(f"{what}: {length_range_message(int(v) if kind != 'f' else float(v))}")
+    return arr.astype(np.int64)
 
 
 def _parse_record(rec: dict, lengths_keys: Tuple[str, ...], path: str, line: int) -> Tuple[str, int, List[int]]:

@@ -16,7 +16,8 @@ settings the plan depends on (`SETTINGS`: n, instances, slots, KV budget, miniba
 stealing, planner) and `plan_fingerprint`, a hash of those with the dataset fingerprint: a loaded header whose
 settings no longer hash to it was edited and is refused, and `check_settings` refuses a run whose settings
 differ, naming the setting. Every column value is range-checked on read (minibatch tags >= -1, predictions
-finite and >= 0, indices in range), naming the column and the line (JSON Lines) or row (Parquet).
+finite and >= 0, indices in range), naming the column and the line (JSON Lines) or row (Parquet), and a header
+key given twice (json would keep the last silently) is refused naming it (`mindspeed_asp.jsonl.loads`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import numpy as np
 
 from mindspeed_asp.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError, PlanMismatchError
-from mindspeed_asp.jsonl import iter_jsonl_objects
+from mindspeed_asp.jsonl import iter_jsonl_objects, loads
 from mindspeed_asp.limits import MAX_COUNT
 from mindspeed_asp.types import Assignment, PromptSet
 
@@ -423,9 +424,10 @@ def _read_parquet(path: Path):
         raise InputError("not a mindspeed-asp dispatch plan (no plan header in the Parquet metadata)",
                          path=str(path))
     try:
-        header = json.loads(meta[META_KEY].decode())
-    except ValueError as exc:
-        raise InputError(f"plan header is not valid JSON: {exc}", path=str(path)) from None
+        text = meta[META_KEY].decode()
+    except UnicodeDecodeError:
+        raise InputError("plan header is not UTF-8 text", path=str(path), key=META_KEY.decode()) from None
+    header = loads(text, path, line=None, key=META_KEY.decode())  # invalid JSON, a key given twice: named
     _check_header(header, str(path))
     missing = [k for k in COLUMNS if k not in table.column_names]
     if missing:

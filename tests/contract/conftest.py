@@ -1,5 +1,5 @@
-"""Contract tests run against MindSpeed-RL's real source: `MINDSPEED_RL_SRC` when set, else the pinned copy in
-`../shared/vendor/` (every developer machine and CI). Where neither exists every test here skips and says why.
+"""Contract tests run against MindSpeed-RL's real source: `MINDSPEED_RL_SRC` when set, else the pinned copy that
+tests/vendor_paths.py finds (every developer machine and CI). Where neither exists every test here skips and says why.
 """
 import importlib.util
 import os

@@ -1,5 +1,5 @@
-"""The msrl_e2e tier needs MindSpeed-RL's pinned source: `MINDSPEED_RL_SRC`, else `../shared/vendor/` (developer
-machines and CI). Where neither exists every test here skips and says why."""
+"""The msrl_e2e tier needs MindSpeed-RL's pinned source: `MINDSPEED_RL_SRC`, else the vendored copy that
+tests/vendor_paths.py finds (developer machines and CI). Where neither exists every test here skips and says why."""
 import os
 import sys
 from pathlib import Path

@@ -148,8 +148,32 @@ def prompt_set_from_dataset(dataset: Any, n: int, origin: str = "mindspeed_rl da
     return PromptSet(prompt_ids=ids, prompt_lens=lens, n=n, origin=origin)
 
 
-def open_plan(path: str, instances: int, prompts: Any = None) -> Any:
-    """Load the plan written by `asp plan` (fingerprint-checked against `prompts` when given)."""
+#: The MindSpeed-RL key each setting a plan depends on (`scheduler.plan.SETTINGS`) comes from in a training YAML:
+#: what `asp_build_plan` (shell/msrl_common.sh) passes to `asp plan`, so the plan-ordered loader can refuse a
+#: plan built for other values naming the key to change (the standalone runtime's: runtime/run_config.py).
+MSRL_PLAN_SETTING_KEYS = {"n": "rl_config.n_samples_per_prompt", "instances": "asp.instances", "slots": "asp.slots",
+                          "kv_budget": "asp.kv_budget_tokens", "minibatch_groups": "asp.minibatch_groups",
+                          "groups_per_iteration": "megatron_training.global_batch_size",
+                          "max_new_tokens": "generate_config.sampling_config.max_tokens", "max_lag": "asp.max_lag",
+                          "work_stealing": "asp.work_stealing", "planner": "asp.planner"}
+
+
+def msrl_plan_settings(topo: Any) -> Dict[str, Any]:
+    """The MindSpeed-RL run's value of every setting its plan depends on (`DispatchPlan.check_settings`), from
+    the validated topology (config_section.MsrlTopology): a window is one global batch, the instances are the
+    ones that follow the plan (the separate pool's, or MindSpeed-RL's colocated engines at max_lag 0)."""
+    asp = topo.asp
+    return {"n": int(topo.n), "instances": int(topo.instances), "slots": asp.slots, "kv_budget": asp.kv_budget_tokens,
+            "minibatch_groups": asp.minibatch_groups, "groups_per_iteration": int(topo.gbs),
+            "max_new_tokens": int(topo.max_tokens), "max_lag": asp.max_lag, "work_stealing": asp.work_stealing,
+            "planner": asp.planner}
+
+
+def open_plan(path: str, instances: int, prompts: Any = None, topo: Any = None) -> Any:
+    """Load the plan written by `asp plan` (fingerprint-checked against `prompts` when given). With the run's
+    `topo`, every setting the plan depends on is checked against the run's values (`msrl_plan_settings`),
+    naming the MindSpeed-RL key that differs: a plan for another batch, n, cap, slots or lag bound would
+    otherwise drive the run with queues and tags made for another one."""
     from mindspeed_asp.scheduler.plan import DispatchPlan
     try:
         plan = DispatchPlan.load(path, prompts)
@@ -160,6 +184,13 @@ def open_plan(path: str, instances: int, prompts: Any = None) -> Any:
     if plan.instances != instances:
         raise ConfigError(f"plan {path} is for {plan.instances} instances but the run has {instances}; rebuild "
                           f"it with `asp plan --instances {instances}`", key="asp.instances")
+    if topo is not None:
+        unchecked = plan.check_settings(msrl_plan_settings(topo), MSRL_PLAN_SETTING_KEYS)
+        if unchecked:
+            import sys
+            print(f"asp: warning: plan {path} does not record {', '.join(unchecked)}, so the run's "
+                  f"{', '.join(MSRL_PLAN_SETTING_KEYS[k] for k in unchecked)} cannot be checked against it; rebuild "
+                  "it with this version's `asp plan`", file=sys.stderr)
     return plan
 
 
@@ -378,7 +409,7 @@ def follows_plan(loader: Any, topo: Any) -> bool:
     then fails the plan's order check, naming the cause. Every other loader (an evaluation split, a test's
     own dataset, no plan file) iterates as stock.
     """
-    if topo is None or topo.asp.mode != "asp":
+    if topo is None or not topo.plan_ordered:  # modes asp and colocated (config_section.MsrlTopology)
         return False
     if is_training_split(loader.dataset):
         return True
@@ -407,7 +438,7 @@ def prompt_loader_iter_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
                              path=str(topo.asp.plan_path), key="asp.plan_path")
         order = loader_order(self)  # stock's draw order: the plan's windows are slices of it
         plan = open_plan(topo.asp.plan_path, topo.instances,
-                         prompt_set_from_dataset(self.dataset, topo.n, order=order))
+                         prompt_set_from_dataset(self.dataset, topo.n, order=order), topo=topo)
         publish = None
         if topo.colocated_plan:  # MindSpeed-RL's own engines pull their rows through the cursor
             import ray
