@@ -18,6 +18,10 @@ RUNTIME = [
     "ray==2.60.0",
     "transformers>=4.51",
     "torch",
+    # the dataset task (runtime/tasks/dataset.py): its math-verified reward, and the tiny tokenizer it trains
+    # for the CPU tier (runtime/tiny_tokenizer.py)
+    "math-verify>=0.9",
+    "tokenizers>=0.21",
 ]
 # MindSpeed-RL's own pure-Python requirements (its requirements.txt, without the NPU stack), so its trainer
 # loop runs on a CPU in tests/contract/ and tests/msrl_e2e/.

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from mindspeed_asp.runtime.demo_task import DemoTask
+    from mindspeed_asp.runtime.tasks.demo import DemoTask
     from mindspeed_asp.runtime.hf_sampler import sample_groups
     from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
     from mindspeed_asp.runtime.trainer import GRPOTrainer

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 
-from mindspeed_asp.runtime.demo_task import DemoTask
+from mindspeed_asp.runtime.tasks.demo import DemoTask
 from mindspeed_asp.runtime.hf_sampler import sample_groups
 from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID
 from mindspeed_asp.runtime.trainer import GRPOTrainer

@@ -20,9 +20,54 @@ def test_tiny_config_loads_and_matches_packaged_copy():
 
 
 def test_overrides_apply_with_yaml_types():
-    cfg = load_run_config(TINY, ["asp.max_lag=2", "asp.mode=stock", "run.steps=3", "trainer.lr=0.01"])
-    assert cfg.asp.max_lag == 2 and cfg.asp.mode == "stock" and cfg.run.steps == 3
+    cfg = load_run_config(TINY, ["asp.max_lag=2", "asp.mode=async", "run.steps=3", "trainer.lr=0.01"])
+    assert cfg.asp.max_lag == 2 and cfg.asp.mode == "async" and cfg.run.steps == 3
     assert cfg.trainer.lr == pytest.approx(0.01)
+
+
+def test_max_lag_defaults_by_mode_and_stock_refuses_another():
+    """Stock trains at lag 0: unset, asp.max_lag is 0 there (1 in the other modes); a stock run given another
+    lag is refused, naming both keys (the driver used to run it at 0 while config and records said 1)."""
+    assert load_run_config(TINY).asp.max_lag == 1
+    assert load_run_config(TINY, ["asp.mode=async"]).asp.max_lag == 1
+    stock = load_run_config(TINY, ["asp.mode=stock"])
+    assert (stock.asp.mode, stock.asp.max_lag) == ("stock", 0)
+    assert load_run_config(TINY, ["asp.mode=stock", "asp.max_lag=0"]).asp.max_lag == 0
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(TINY, ["asp.mode=stock", "asp.max_lag=1"])
+    msg = str(exc.value)
+    assert exc.value.key == "asp.max_lag" and "asp.mode=stock" in msg and "lag 0" in msg
+    assert "'asp.mode=stock'" in msg and "'asp.max_lag=1'" in msg  # both overrides that took part, named
+    from mindspeed_asp.runtime.run_config import dump_config
+    assert dump_config(stock)["asp"]["max_lag"] == 0  # the run's records say what it trains at
+
+
+def test_stock_with_a_lag_in_the_file_is_refused_naming_the_flag(tmp_path):
+    from mindspeed_asp.commands.train import build_config
+
+    cfg = tmp_path / "lag2.yaml"
+    cfg.write_text("asp:\n  max_lag: 2\n")
+    with pytest.raises(ConfigError) as exc:
+        build_config(str(cfg), [], mode="stock")
+    msg = str(exc.value)
+    assert exc.value.key == "asp.max_lag" and "lag2.yaml" in msg and "(--mode stock)" in msg
+    assert build_config(str(cfg), ["asp.max_lag=0"], mode="stock").asp.max_lag == 0
+
+
+@pytest.mark.parametrize("key", ["run.start_timeout_s", "run.step_timeout_s", "run.stall_timeout_s",
+                                 "run.sync_timeout_s"])
+def test_timeouts_are_bounded_above(key):
+    """A timeout above MAX_TIMEOUT_S (7 days) is a slip (ms written as s): refused naming the key; the bound
+    itself is allowed (with the stall timeout below the step timeout, as always)."""
+    from mindspeed_asp.limits import MAX_TIMEOUT_S
+
+    top = {"run.step_timeout_s": MAX_TIMEOUT_S, "run.stall_timeout_s": MAX_TIMEOUT_S - 1}
+    top.setdefault(key, MAX_TIMEOUT_S)
+    cfg = load_run_config(TINY, [f"{k}={v}" for k, v in top.items()])
+    assert getattr(cfg.run, key.split(".")[1]) == top[key]
+    with pytest.raises(ConfigError, match="a timeout is at most 604800 s") as exc:
+        load_run_config(TINY, [f"{key}={MAX_TIMEOUT_S + 1}"])
+    assert exc.value.key == key
 
 
 @pytest.mark.parametrize("override,key", [
@@ -88,7 +133,7 @@ def _write_plan(path, prompts, instances=2, **header):
 
 def test_plan_for_another_dataset_stops_before_ray(tmp_path):
     from mindspeed_asp.commands.train import build_config
-    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.tasks import task_and_prompts
 
     cfg = load_run_config(TINY, ["data.num_prompts=8"])
     _, prompts = task_and_prompts(cfg)
@@ -107,7 +152,7 @@ def test_plan_for_another_dataset_stops_before_ray(tmp_path):
 
 def _tiny_plan(tmp_path, name, cfg, **changes):
     """A plan `asp plan` would write for the run `cfg`, with `changes` to its build settings."""
-    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.tasks import task_and_prompts
     from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
 
     _, prompts = task_and_prompts(cfg)
@@ -148,7 +193,7 @@ def test_plan_built_for_other_settings_stops_before_ray(tmp_path, change, named)
 
 def test_plan_without_recorded_settings_is_checked_on_the_rest_with_a_warning(tmp_path, capsys):
     from mindspeed_asp.commands.train import build_config
-    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.tasks import task_and_prompts
 
     cfg = load_run_config(TINY, ["data.num_prompts=8"])
     _, prompts = task_and_prompts(cfg)

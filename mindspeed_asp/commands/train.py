@@ -16,11 +16,10 @@ second signal aborts at once.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 #: The flags that set a config key, as (flag, key): a flag and an override of its key are refused together.
@@ -28,15 +27,17 @@ FLAG_KEYS = (("--mode", "asp.mode"), ("--out", "run.out"), ("--ray-address", "ru
 
 
 def with_flags(overrides: List[str], given: Dict[str, Optional[str]],
-               names: Optional[Dict[str, str]] = None) -> List[str]:
-    """The overrides plus one `key=value` per flag given (`given`: flag -> value or None). A key set twice, by
-    two overrides or by a flag and an override, is refused naming both: the last would win silently.
-    `names` renames a flag in the messages (`asp demo` sets asp.mode from --modes)."""
-    from mindspeed_asp.config import check_unique_overrides, override_key
+               names: Optional[Dict[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """(the overrides plus one `key=value` per flag given, {flag's override: the flag as typed}) (`given`: flag ->
+    value or None). Why overrides: a flag is then validated, and named in errors, exactly as an override of its
+    key. A key set twice, by two overrides or by a flag and an override, is refused naming both: the last would
+    win silently. `names` renames a flag in the messages (`asp demo` sets asp.mode from --modes)."""
+    from mindspeed_asp.config import check_unique_overrides, flag_override, override_key
     from mindspeed_asp.errors import ConfigError
 
     check_unique_overrides(list(overrides))
     extra = list(overrides)
+    flags: Dict[str, str] = {}
     for flag, key in FLAG_KEYS:
         value = given.get(flag)
         if not value:
@@ -46,9 +47,10 @@ def with_flags(overrides: List[str], given: Dict[str, Optional[str]],
         if clash is not None:
             raise ConfigError(f"set twice, by {shown} {value} and the override {clash!r}: give it once",
                               path="command line", key=key)
-        # run.ray_address quoted: "host:port" stays a string
-        extra.append(f"{key}={json.dumps(value) if key == 'run.ray_address' else value}")
-    return extra
+        item = flag_override(key, value)  # quoted: "host:port" or an --out of digits stays a string
+        extra.append(item)
+        flags[item] = f"{shown} {value}"
+    return extra, flags
 
 
 def build_config(config: Optional[str], overrides: List[str], mode: Optional[str] = None,
@@ -57,11 +59,26 @@ def build_config(config: Optional[str], overrides: List[str], mode: Optional[str
     """Load and validate the run config (packaged tiny_cpu.yaml when `config` is None)."""
     from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
 
-    extra = with_flags(overrides, {"--mode": mode, "--out": out, "--ray-address": ray_address}, flag_names)
+    extra, flags = with_flags(overrides, {"--mode": mode, "--out": out, "--ray-address": ray_address}, flag_names)
     path = config or str(packaged_config_path())
-    cfg = load_run_config(path, extra, devices=_device_count())
+    cfg = load_run_config(path, extra, devices=_device_count(), flags=flags)
     _check_plan(cfg, path)
+    _check_cost_file(cfg, path)
     return cfg
+
+
+def _check_cost_file(cfg, path: str) -> None:
+    """asp.cost.file is read whole now, not when the planner starts after Ray and the engines: a bad value or
+    a key given twice stops the run before anything starts, naming the cost file's line and key."""
+    if not cfg.asp.cost.file:
+        return
+    from mindspeed_asp.cost_model import load_cost_json
+    from mindspeed_asp.errors import ConfigError, InputError
+
+    try:
+        load_cost_json(cfg.asp.cost.file, key="asp.cost.file")
+    except InputError as exc:
+        raise ConfigError(f"cost file refused: {exc}", path=path, key="asp.cost.file") from None
 
 
 def _device_count() -> Optional[int]:
@@ -76,13 +93,13 @@ def _device_count() -> Optional[int]:
 
 def _check_plan(cfg, path: str) -> None:
     """A given plan must have been built for this run: its dataset (fingerprint) and every setting the plan
-    depends on (instances, slots, n, minibatch, window, cap, lag bound, stealing, planner:
+    depends on (instances, slots, n, minibatch, window, cap, max_lag, stealing, planner:
     `run_config.plan_settings`), else stop before Ray. A plan that does not record some of them (built by
     hand, or by code that fills a partial header) is checked on the rest, with a warning naming them."""
     if not cfg.asp.plan_path:
         return
     from mindspeed_asp.errors import ConfigError, InputError, PlanMismatchError
-    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.tasks import task_and_prompts
     from mindspeed_asp.runtime.run_config import PLAN_SETTING_KEYS, plan_settings
     from mindspeed_asp.scheduler.plan import DispatchPlan
 
@@ -131,7 +148,7 @@ def resume_setup(args: argparse.Namespace):
                           f"own directory", key="--out")
     ckpt = latest_checkpoint(out)
     state = read_state(ckpt)
-    extra = with_flags(args.overrides, {"--mode": args.mode, "--ray-address": args.ray_address})
+    extra, _ = with_flags(args.overrides, {"--mode": args.mode, "--ray-address": args.ray_address})
     where = str(ckpt / STATE_FILE)
     cfg = resume_config(state["config"], str(out), int(state["version"]), extra, where=where,
                         devices=_device_count())

@@ -49,7 +49,8 @@ from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.runtime.platform import Platform, current_platform
 from mindspeed_asp.runtime.ray_utils import actor_env
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, GroupResult, SampleResult
-from mindspeed_asp.runtime.weight_sync import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
+from mindspeed_asp.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES
+from mindspeed_asp.runtime.weight_sync.communicators import DEFAULT_TIMEOUT_S
 
 #: engine steps an instance keeps for `step_log` (the driver reads them once per plan window)
 STEP_LOG_MAX = 20000
@@ -348,7 +349,9 @@ class RolloutInstanceImpl:
         stop_ids = list(g.stop_token_ids)
         if not g.ignore_eos and self._eos is not None and self._eos not in stop_ids:
             stop_ids.append(self._eos)
-        return SamplingParams(n=1, max_tokens=g.max_new_tokens, temperature=g.temperature,
+        # sample i's own bounds: its imposed length as min = max (GroupRequest.sample_lengths), else the group's
+        lo, hi = g.sample_limits(i)
+        return SamplingParams(n=1, max_tokens=hi, min_tokens=lo, temperature=g.temperature,
                               seed=None if g.seed is None else g.seed + i, ignore_eos=g.ignore_eos,
                               stop_token_ids=stop_ids, logprobs=0, output_kind=RequestOutputKind.DELTA)
 

@@ -7,15 +7,14 @@ stops the run before Ray starts, naming the key and the file.
 """
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
-from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, Seed, Strict, apply_overrides, override_key, read_yaml,
-                                  validate_section)
+from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, ObjectiveSection, Seed, Strict, Timeout, read_yaml,
+                                  validate_overridden, validate_section)
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH
 from mindspeed_asp.runtime.metrics_log import DEFAULT_TRAINER_DEVICES
@@ -38,20 +37,100 @@ class ModelSection(Strict):
     memory_fraction: float = Field(0.05, gt=0.0, le=1.0, description="vLLM gpu_memory_utilization")
 
 
-class DataSection(Strict):
-    """The prompts: the synthetic demo task (the only task a tiny random model can learn on CPU)."""
+class DatasetSection(Strict):
+    """The `dataset` task's file (runtime/tasks/dataset.py): JSONL of {"prompt", "answer"[, "id", "source"]}."""
 
-    task: Literal["demo"] = "demo"
+    path: str = Field(..., min_length=1, description="JSONL file of prompts and answers (relative to the "
+                      "working directory)")
+    limit: Optional[int] = Field(None, ge=1, le=MAX_COUNT, description="use only the first `limit` records; "
+                                 "None = all")
+
+    @field_validator("path")
+    @classmethod
+    def _dataset_file(cls, value: str) -> str:
+        """A missing dataset file is refused with the config, before Ray starts."""
+        if not Path(value).is_file():
+            raise ValueError("dataset file not found")
+        return value
+
+
+class ReplaySection(Strict):
+    """The `replay` task's length source (runtime/tasks/replay.py): exactly one of `kind` and `trace`."""
+
+    kind: Optional[Literal["long_cot", "chat", "summarisation", "tiny_decode", "reasoning", "small"]] = Field(
+        None, description="a synthetic regime of workloads/synthetic.py whose lengths every group replays")
+    trace: Optional[str] = Field(None, min_length=1, description="a length file instead: a history or rollout log "
+                                 "(.parquet/.jsonl/.ndjson), the alpaca trace (.json) or the Splitwise trace (.csv)")
+    scale: Optional[float] = Field(None, gt=0.0, description="raw lengths x scale, capped at data.max_new_tokens "
+                                   "(a raw length at the source's cap goes to the cap); None = data.max_new_tokens / "
+                                   "the source's cap")
+    seed: Seed = Field(0, description="seed of the lengths (the synthetic draws; a trace's prompt order and "
+                       "resampling)")
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_file(cls, value: Optional[str]) -> Optional[str]:
+        """A missing or unreadable-kind trace is refused with the config, not when the first group is due."""
+        if value is None:
+            return value
+        from mindspeed_asp.runtime.tasks.replay import TRACE_SUFFIXES
+
+        if Path(value).suffix.lower() not in TRACE_SUFFIXES:
+            raise ValueError(f"a length trace must end in {', '.join(TRACE_SUFFIXES)}")
+        if not Path(value).is_file():
+            raise ValueError("length trace file not found")
+        return value
+
+
+class DataSection(Strict):
+    """The prompts: the demo task, the replay task (imposed long-tailed lengths) or a dataset file."""
+
+    task: Literal["demo", "replay", "dataset"] = "demo"
     num_prompts: int = Field(64, ge=1, le=MAX_COUNT, description="prompt groups in the dataset (one epoch)")
     n: int = Field(4, ge=2, le=MAX_COUNT, description="samples per prompt (GRPO group size); at least 2: a group of "
                    "one has a zero group-relative advantage, so the policy would never change")
     max_new_tokens: int = Field(128, ge=1, le=MAX_LENGTH)
     temperature: float = Field(1.0, gt=0.0)
     seed: Seed = Field(0, description="seed of the demo prompts")
+    dataset: Optional[DatasetSection] = Field(None, validate_default=True, description="task dataset: the file of "
+                                              "prompts and answers (ignored by the other tasks)")
+    replay: Optional[ReplaySection] = Field(None, validate_default=True, description="task replay: where the "
+                                            "lengths come from (ignored by the other tasks)")
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_given(cls, value: Optional[DatasetSection], info: ValidationInfo) -> Optional[DatasetSection]:
+        """Task dataset needs its file (data.dataset.path)."""
+        if info.data.get("task") == "dataset" and value is None:
+            raise ValueError("data.task is dataset: data.dataset.path must name the JSONL file of prompts and answers")
+        return value
+
+    @field_validator("replay")
+    @classmethod
+    def _replay_source(cls, value: Optional[ReplaySection], info: ValidationInfo) -> Optional[ReplaySection]:
+        """Task replay needs exactly one length source, and a scale that keeps the source's cap share (checked
+        here for a synthetic kind; a trace's cap is read with the trace, runtime/tasks/replay.py)."""
+        if info.data.get("task") != "replay":
+            return value
+        if value is None or (value.kind is None) == (value.trace is None):
+            raise ValueError("data.task is replay: give exactly one of data.replay.kind (a synthetic regime) and "
+                             "data.replay.trace (a length file)")
+        cap = info.data.get("max_new_tokens")
+        if value.kind is not None and value.scale is not None and cap is not None:
+            from mindspeed_asp.workloads.synthetic import mode_defaults
+
+            source_cap = int(mode_defaults(value.kind)["max_new_tokens"])
+            if round(source_cap * value.scale) > cap:
+                raise ValueError(f"data.replay.scale={value.scale:g} maps the {value.kind} cap of {source_cap} "
+                                 f"tokens to {round(source_cap * value.scale)}, above data.max_new_tokens={cap}: "
+                                 "more samples would end at the cap than the source has; use data.replay.scale <= "
+                                 f"{cap / source_cap:.6g} or raise data.max_new_tokens")
+        return value
 
 
-class TrainerSection(Strict):
-    """The reference GRPO trainer (PyTorch, HF model) used on the CPU and GPU tiers."""
+class TrainerSection(ObjectiveSection):
+    """The reference GRPO trainer (PyTorch, HF model) used on the CPU and GPU tiers; its loss settings
+    (objective, iw_cap, iw_mode) are `ObjectiveSection`'s, the same keys MindSpeed-RL's `asp:` section takes."""
 
     lr: float = Field(1e-3, gt=0.0)
     clip_eps: float = Field(0.2, gt=0.0)
@@ -62,13 +141,6 @@ class TrainerSection(Strict):
     devices: int = Field(DEFAULT_TRAINER_DEVICES, ge=1, le=MAX_COUNT, description="devices the trainer counts as in "
                          "throughput/e2e_tps (every device the run uses, docs/design.md section 5); the reference "
                          "trainer is one process: 1")
-    objective: Literal["standard", "decoupled"] = Field(
-        "decoupled", description="decoupled (default, chosen from the convergence benchmark): ratio against the "
-        "proximal policy times a truncated importance weight; standard: PPO ratio against the behaviour "
-        "log-probs. Identical at max_lag 0 (docs/trainer.md)")
-    iw_cap: float = Field(2.0, ge=1.0, description="decoupled: cap of the importance weight pi_prox/pi_behav")
-    iw_mode: Literal["token", "sequence"] = Field("token", description="decoupled: one weight per token or "
-                                                  "per sequence")
 
 
 class RunSection(Strict):
@@ -86,14 +158,14 @@ class RunSection(Strict):
                               description="logical CPUs of the local Ray (oversubscribed on purpose)")
     ray_object_store_mb: int = Field(512, ge=64, le=MAX_COUNT)
     instance_threads: int = Field(1, ge=1, le=MAX_COUNT, description="OpenMP threads per vLLM instance on CPU")
-    start_timeout_s: float = Field(180.0, gt=0.0, description="per instance start-up, retried once")
-    step_timeout_s: float = Field(600.0, gt=0.0, description="longest wait for a finished group")
-    stall_timeout_s: float = Field(
-        300.0, gt=0.0, description="an instance whose engine loop has not come round for this long (a hung step: "
+    start_timeout_s: Timeout = Field(180.0, description="per instance start-up, retried once")
+    step_timeout_s: Timeout = Field(600.0, description="longest wait for a finished group")
+    stall_timeout_s: Timeout = Field(
+        300.0, description="an instance whose engine loop has not come round for this long (a hung step: "
         "a device kernel or collective that never returns) is killed and its groups go to the others; below "
         "run.step_timeout_s, far above one engine step and one weight-sync round")
-    sync_timeout_s: float = Field(
-        120.0, gt=0.0, description="bound on one weight-sync round (group join, each broadcast, each instance's "
+    sync_timeout_s: Timeout = Field(
+        120.0, description="bound on one weight-sync round (group join, each broadcast, each instance's "
         "load); an instance still waiting for its engine after half of it is dropped from the round")
     verify_weights: bool = Field(True, description="compare trainer and instance checksums after each sync")
     plots: bool = True
@@ -186,35 +258,20 @@ def plan_settings(cfg: RunConfig, num_prompts: int) -> Dict[str, Any]:
 
 
 def config_from_dict(data: Dict[str, Any], path: str = "<dict>", overrides: Optional[List[str]] = None,
-                     devices: Optional[int] = None) -> RunConfig:
-    """Validate a parsed mapping (plus overrides) into a RunConfig."""
-    data = copy.deepcopy(data)
-    if overrides:
-        apply_overrides(data, list(overrides))
-    try:
-        cfg = validate_section(data, RunConfig, path)
-        return validate_semantics(cfg, path, devices)
-    except ConfigError as exc:
-        # A key set on the command line is named as such, so nobody searches the file for it. A cross-field
-        # error names its key and quotes the other as `key=value`; either or both may be overrides, and each one
-        # that took part is named (a key is set by one override at most: apply_overrides refuses a second).
-        text = str(exc)
-        culprits = [o for o in overrides or [] if exc.key and (override_key(o) == exc.key
-                                                               or f"{override_key(o)}=" in text)]
-        if not culprits:
-            raise
-        which = "override" if len(culprits) == 1 else "overrides"
-        err = ConfigError(f"{exc} (from the command-line {which} {', '.join(repr(o) for o in culprits)})")
-        err.path, err.line, err.key = exc.path, exc.line, exc.key
-        raise err from None
+                     devices: Optional[int] = None, flags: Optional[Dict[str, str]] = None) -> RunConfig:
+    """Validate a parsed mapping (plus overrides, applied in order) into a RunConfig; an error an override caused
+    names it (`validate_overridden`; `flags`: the command-line flag each override stands for)."""
+    def validate(d: Dict[str, Any]) -> RunConfig:
+        return validate_semantics(validate_section(d, RunConfig, path), path, devices)
+    return validate_overridden(data, list(overrides or []), path, validate, flags)
 
 
 def load_run_config(path: str | Path, overrides: Optional[List[str]] = None,
-                    devices: Optional[int] = None) -> RunConfig:
+                    devices: Optional[int] = None, flags: Optional[Dict[str, str]] = None) -> RunConfig:
     """Read, override and validate a run config file; errors name the key and the file."""
     data = read_yaml(path)
     _refuse_training_yaml(data, str(path))
-    return config_from_dict(data, str(path), overrides, devices)
+    return config_from_dict(data, str(path), overrides, devices, flags)
 
 
 def _refuse_training_yaml(data: Dict[str, Any], path: str) -> None:

@@ -6,7 +6,7 @@ on one shape. Times are `time.time()` seconds (wall clock, comparable across pro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Hashable, List, NamedTuple, Optional
+from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 
 class RequestId(NamedTuple):
@@ -26,6 +26,11 @@ class GroupRequest:
 
     `group_id` is opaque to the instance (echoed in the result): the runtime driver sends a `RequestId`,
     the MindSpeed-RL adapter the str of its int gid.
+
+    Lengths: every sample runs at most `max_new_tokens` and at least `min_tokens` (vLLM masks EOS and stop
+    tokens until then). `sample_lengths`, one per sample, imposes exact lengths instead: sample i runs
+    min_tokens = max_tokens = sample_lengths[i] (the replay task, runtime/tasks/replay.py: a group's samples
+    differ in length, and vLLM's limits are per request); `min_tokens` .. `max_new_tokens` must bound them.
     """
 
     group_id: Hashable
@@ -38,14 +43,34 @@ class GroupRequest:
     ignore_eos: bool = False
     stop_token_ids: List[int] = field(default_factory=list)
     minibatch: int = -1
+    min_tokens: int = 0
+    sample_lengths: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"group {self.group_id}: n must be >= 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"group {self.group_id}: max_new_tokens must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError(f"group {self.group_id}: min_tokens must be in 0 .. max_new_tokens="
+                             f"{self.max_new_tokens}, got {self.min_tokens}")
+        if self.sample_lengths is not None:
+            self.sample_lengths = [int(x) for x in self.sample_lengths]
+            if len(self.sample_lengths) != self.n:
+                raise ValueError(f"group {self.group_id}: {len(self.sample_lengths)} sample_lengths for n={self.n} "
+                                 "samples")
+            bad = [x for x in self.sample_lengths if x < max(1, self.min_tokens) or x > self.max_new_tokens]
+            if bad:
+                raise ValueError(f"group {self.group_id}: sample length {bad[0]} outside max(1, min_tokens="
+                                 f"{self.min_tokens}) .. max_new_tokens={self.max_new_tokens}")
         if not self.prompt_token_ids:
             raise ValueError(f"group {self.group_id}: empty prompt")
+
+    def sample_limits(self, i: int) -> Tuple[int, int]:
+        """(min_tokens, max_tokens) of sample i: its imposed length twice, else the group's bounds."""
+        if self.sample_lengths is not None:
+            return self.sample_lengths[i], self.sample_lengths[i]
+        return self.min_tokens, self.max_new_tokens
 
 
 @dataclass
