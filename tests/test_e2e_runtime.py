@@ -102,7 +102,7 @@ def test_killed_instance_groups_are_redispatched(tmp_path, tiny_model):
 
     def kill_after_first(driver, rec):
         if rec["step"] == 0:
-            killed["in_flight"] = driver.dispatcher.in_flight_count(1)
+            killed["in_flight"] = driver.control.dispatcher.in_flight_count(1)
             ray.kill(driver.pool.handles[1], no_restart=True)
 
     summary, steps, out = run(tmp_path, tiny_model, "asp", 1, after_step=kill_after_first)
@@ -193,7 +193,7 @@ def test_sync_round_drops_an_instance_whose_engine_hung(tiny_model):
 
 
 def test_asp_follows_offline_plan_file_then_replans(tmp_path, tiny_model):
-    from mindspeed_asp.runtime.driver import task_and_prompts
+    from mindspeed_asp.runtime.tasks import task_and_prompts
     from mindspeed_asp.scheduler.build import build_plan, estimate_lengths
 
     cfg = load_run_config(packaged_config_path(), BASE)  # 8 prompts, as the run below

@@ -77,7 +77,7 @@ def test_a_dead_tp_rank_ends_the_run_at_the_next_call_naming_the_instance(npu_ra
     from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
     ranks = [[ray.remote(num_cpus=0)(FakeRank).remote(0, hang=True)],
              [ray.remote(num_cpus=0)(FakeRank).remote(1, hang=True) for _ in range(2)]]
-    driver = RolloutDriver(ranks, "least_loaded", 1, 2, 2, 4, False, labels=_labels([1, 2]))
+    driver = RolloutDriver(ranks, "async", 1, 2, 2, 2, 4, False, labels=_labels([1, 2]))
     try:
         driver.load_window([GroupRequest(str(g), f"p{g}", [2, 3], 2, 4) for g in range(4)], {})
         assert _wait(lambda: 1 in driver.outstanding), "no step call issued to instance 1"
@@ -105,7 +105,7 @@ def test_a_dead_tp_rank_ends_the_run_at_the_next_call_naming_the_instance(npu_ra
 def test_an_instance_that_died_idle_is_found_before_the_broadcast(npu_ray):
     from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
     ranks = [[ray.remote(num_cpus=0)(FakeRank).remote(j)] for j in range(2)]
-    driver = RolloutDriver(ranks, "least_loaded", 1, 2, 2, 4, False, labels=_labels([1, 1]))
+    driver = RolloutDriver(ranks, "async", 1, 2, 2, 2, 4, False, labels=_labels([1, 1]))
     try:
         assert driver.check_alive(10) is True
         ray.kill(ranks[0][0], no_restart=True)
@@ -138,7 +138,7 @@ def test_dropped_groups_make_the_trainer_feed_a_window_instead_of_waiting(npu_ra
     from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
     rank = ray.remote(num_cpus=0)(FakeRank).remote(0)
     driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
-        [[rank]], "least_loaded", 1, 2, 2, 4, False, "drop")
+        [[rank]], "async", 1, 2, 2, 2, 4, False, "drop")
     windows = iter([{"prompts": [torch.tensor([2, 3]), torch.tensor([4, 5])]} for _ in range(2)])
     fit = _fit(driver)
     try:

@@ -90,7 +90,7 @@ def fresh_driver():
     made = []
 
     def make():
-        d = RolloutDriver([[object()], [object()]], "plan", max_lag=1, minibatch_groups=2, capacity=2)
+        d = RolloutDriver([[object()], [object()]], "asp", max_lag=1, minibatch_groups=2, slots=2, n=2)
         d.pause()  # nothing loaded yet, so nothing was issued: the instances are never called
         made.append(d)
         return d
@@ -112,7 +112,7 @@ def test_driver_restores_a_snapshot_and_trains_the_kept_groups_at_their_versions
     assert sorted((int(q.group_id), j) for q, j in again["unfinished"]) == [(5, 1), (6, 0)]  # on their queues
     # the lag policy counts the trained and kept groups as the saved run did: of (2 + 1 + 1) * 2 places at
     # version 2, 4 trained + 2 kept are taken, which leaves exactly the 2 unfinished groups to dispatch again
-    assert d.lag.accepted == 6 and d.lag.budget(2) == 2
+    assert d.control.lag_policy.accepted == 6 and d.control.lag_policy.budget(2) == 2
     got = d.next_minibatch(2, timeout=5)
     assert sorted(int(g.group_id) for g in got["groups"]) == [4, 7]
     assert got["lags"] == [1, 1, 0, 0] and got["counters"]["queue/trained"] == 6  # counters continue

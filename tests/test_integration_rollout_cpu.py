@@ -26,7 +26,7 @@ def pool(tiny_model, local_ray):
         ray.get(w.stats.remote(), timeout=300)
         workers.append(w)
     driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
-        [[w] for w in workers], "plan", 0, M_GROUPS, 2, 4, False)
+        [[w] for w in workers], "asp", 0, M_GROUPS, N, N, 4, False)
     yield ray, driver, workers
     ray.get(driver.stop.remote())
 

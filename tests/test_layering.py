@@ -134,8 +134,79 @@ def test_core_layers_load_without_heavy_libraries():
     assert out.stdout.strip() == "[]", f"a core module loads {out.stdout.strip()}"
 
 
+WEIGHT_SYNC = PKG / "runtime" / "weight_sync"
+#: the weight-sync modules, lowest first: each may import only the ones before it
+WEIGHT_SYNC_ORDER = ("checksums", "buckets", "group_store", "communicators", "sender", "receiver", "instance_sync")
+#: pure: the checksum and the bucket plan need torch and the errors only (workers import them alone)
+WEIGHT_SYNC_PURE = ("checksums", "buckets")
+WEIGHT_SYNC_PURE_BANS = {"ray", "vllm", "vllm_ascend", "transformers"}
+
+
+def external_imports(path: Path) -> Iterator[Tuple[int, str]]:
+    """(line, top-level package) of every import of the file that is not mindspeed_asp, at any depth."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    skip = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            if not name.startswith("mindspeed_asp"):
+                yield node.lineno, name.split(".")[0]
+
+
+def test_weight_sync_modules_run_one_way_and_checksums_and_buckets_are_pure():
+    """Within runtime/weight_sync/ imports point down WEIGHT_SYNC_ORDER; only instance_sync talks to Ray;
+    checksums and buckets import neither Ray, vLLM nor the communicators, and the package re-exports nothing
+    (so importing the checksum loads nothing else)."""
+    mods = sorted(p.stem for p in WEIGHT_SYNC.glob("*.py") if p.stem != "__init__")
+    assert mods == sorted(WEIGHT_SYNC_ORDER), "a new weight-sync module needs its place in WEIGHT_SYNC_ORDER"
+    bad = [f"{path.relative_to(PKG.parent)}: imports {dst}" for path in (PKG / "runtime" / "__init__.py",
+                                                                        WEIGHT_SYNC / "__init__.py")
+           for _, dst in imports(path)]
+    prefix = "mindspeed_asp.runtime.weight_sync."
+    for i, name in enumerate(WEIGHT_SYNC_ORDER):
+        path = WEIGHT_SYNC / f"{name}.py"
+        where = path.relative_to(PKG.parent)
+        pure = name in WEIGHT_SYNC_PURE
+        below = {prefix + m for m in WEIGHT_SYNC_ORDER[:i]}
+        for line, dst in imports(path):
+            if (dst.startswith(prefix) and dst not in below) or (pure and dst != "mindspeed_asp.errors"):
+                bad.append(f"{where}:{line}: {name} imports {dst}")
+        banned = WEIGHT_SYNC_PURE_BANS if pure else set() if name == "instance_sync" else {"ray"}
+        bad += [f"{where}:{line}: {name} imports {lib}" for line, lib in external_imports(path) if lib in banned]
+    assert not bad, "weight-sync layering:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("name", ["mindspeed_asp.scheduler.types", "mindspeed_asp.sim.cost_fit",
                                   "mindspeed_asp.sim.sweep", "mindspeed_asp.scheduler.fluid"])
 def test_moved_modules_are_gone(name):
     """No shim is left behind where a module moved down (or up) a layer."""
     assert not _is_module(name)
+
+
+#: the rollout decisions' parts, wired once: only the rollout control builds them (the simulator has its own
+#: trainer model and builds its own LagPolicy)
+ROLLOUT_PARTS = ("LagPolicy", "Dispatcher", "SampleQueue")
+
+
+def test_only_the_rollout_control_builds_the_policy_dispatcher_and_queue():
+    """Both drivers (runtime/driver.py and integrations/mindspeed_rl/rollout_driver.py) take their decisions
+    from one `RolloutControl`; a second place building a LagPolicy, Dispatcher or SampleQueue in the runtime or
+    an integration is a second orchestration that can drift from the first."""
+    owner = PKG / "runtime" / "rollout_control.py"
+    bad = []
+    for path in sorted((PKG / "runtime").rglob("*.py")) + sorted((PKG / "integrations").rglob("*.py")):
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                if name in ROLLOUT_PARTS:
+                    bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: builds a {name}")
+    assert not bad, "only runtime/rollout_control.py builds the rollout parts:\n" + "\n".join(bad)

@@ -21,7 +21,7 @@ from mindspeed_asp.errors import RunError, WeightSyncError
 from mindspeed_asp.run_report import StartupProgress
 from mindspeed_asp.runtime.platform import Platform
 from mindspeed_asp.runtime.types import EngineConfig, GroupRequest
-from mindspeed_asp.runtime.weight_sync import DEFAULT_TIMEOUT_S
+from mindspeed_asp.runtime.weight_sync.communicators import DEFAULT_TIMEOUT_S
 
 POLL_S = 0.05
 #: Deadline of one submit / drain / status call on a live instance; past it the instance counts as dead.
@@ -37,6 +37,12 @@ def instance_bundle(platform: Platform, devices: int, num_cpus: float = 1.0) -> 
         bundle["GPU"] = float(res["num_gpus"])
     bundle.update({k: float(v) for k, v in res.get("resources", {}).items()})
     return bundle
+
+
+def engine_config(cfg: Any, model_path: str) -> EngineConfig:
+    """The engine every instance of a standalone run (`RunConfig` `cfg`) starts with."""
+    return EngineConfig(model_path=model_path, slots=cfg.asp.slots, max_model_len=cfg.model.max_model_len,
+                        dtype=cfg.model.dtype, gpu_memory_utilization=cfg.model.memory_fraction, seed=cfg.run.seed)
 
 
 class RolloutPool:
@@ -149,6 +155,31 @@ class RolloutPool:
             time.sleep(POLL_S)
 
     # ================================================================== liveness
+    def adopt(self, engine: EngineConfig, count: int, on_death: Callable[[int, BaseException], None],
+              event: Callable[..., None], progress: Optional[StartupProgress], sync_timeout_s: float,
+              start_timeout_s: float, poll_s: float = 0.05) -> None:
+        """Handed over to a new run (benchmarks run many short runs on one pool: starting vLLM takes minutes on
+        a loaded CPU host): the run's engine must be this pool's (the seed aside: every request carries its
+        own sampling seed), its deaths, events and bounds become the run's, and whatever the previous run left
+        generating is finished and discarded (its group ids would collide with the new run's)."""
+        import ray
+        from dataclasses import replace
+
+        if count != self.count or replace(engine, seed=0) != replace(self.engine, seed=0):
+            raise RunError(f"the shared rollout pool runs {self.count} instances of {self.engine}, this run needs "
+                           f"asp.instances={count} of {engine}")
+        self.on_death, self.event, self.progress, self.sync_timeout_s = on_death, event, progress, sync_timeout_s
+        deadline = time.time() + start_timeout_s
+        for j in self.live():
+            h = self.handles[j]
+            ray.get(h.steal_unstarted.remote(1 << 30), timeout=60)
+            while ray.get(h.status.remote(), timeout=60)["running_groups"] > 0:
+                if time.time() > deadline:
+                    raise RunError(f"rollout instance {j} still generates the previous run's groups after "
+                                   f"run.start_timeout_s={start_timeout_s:.0f} s")
+                time.sleep(poll_s)
+            ray.get(h.drain_finished.remote(), timeout=60)
+
     def live(self) -> List[int]:
         """Indices of the instances alive now (the one liveness record of the run)."""
         return [j for j, ok in enumerate(self.alive) if ok]
@@ -254,7 +285,8 @@ class RolloutPool:
 
     def open_sync_group(self) -> None:
         """(Re-)form the weight-sync group: the trainer's sender (rank 0) and every live instance."""
-        from mindspeed_asp.runtime.weight_sync import WeightSyncSender, init_weight_sync
+        from mindspeed_asp.runtime.weight_sync.instance_sync import init_weight_sync
+        from mindspeed_asp.runtime.weight_sync.sender import WeightSyncSender
 
         if self.sender is not None:
             self.sender.close()
@@ -267,7 +299,7 @@ class RolloutPool:
              verify: bool = True) -> Dict[str, Any]:
         """Push `weights()` as `version` to every live instance and verify; a dead instance is dropped (the
         group re-formed) and the round retried once over the others."""
-        from mindspeed_asp.runtime.weight_sync import sync_weights
+        from mindspeed_asp.runtime.weight_sync.instance_sync import sync_weights
 
         for attempt in range(2):
             live = [self.handles[j] for j in self.live()]

@@ -32,7 +32,7 @@ from mindspeed_asp.policy import (DEFAULT_STALE_POLICY, TRAIN_ORDERS, LagPolicy,
 
 PREFER = TRAIN_ORDERS
 #: The queue's counters, saved and restored by a checkpoint.
-_COUNTERS = ("received", "trained", "dropped_stale", "regenerated", "duplicates", "trained_samples")
+QUEUE_COUNTERS = ("received", "trained", "dropped_stale", "regenerated", "duplicates", "trained_samples")
 
 
 def group_min_version(group: Any) -> int:
@@ -180,7 +180,7 @@ class SampleQueue:
             return {"pending": [{"seq": e.seq, "version": e.version, "group": e.group}
                                 for e in sorted(self._pending.values(), key=lambda e: e.seq)],
                     "trained_ids": list(self._trained_ids), "stale_out": list(self._stale_out), "seq": self._seq,
-                    "counters": {k: getattr(self, k) for k in _COUNTERS},
+                    "counters": {k: getattr(self, k) for k in QUEUE_COUNTERS},
                     "log_rows": [r.as_dict() for r in self.log_rows], "all_lags": list(self.all_lags)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -192,7 +192,7 @@ class SampleQueue:
             self._trained_ids = set(state["trained_ids"])
             self._stale_out = list(state["stale_out"])
             self._seq = int(state["seq"])
-            for k in _COUNTERS:
+            for k in QUEUE_COUNTERS:
                 setattr(self, k, int(state["counters"][k]))
             self.log_rows = [QueueLogRow(**r) for r in state["log_rows"]]
             self.all_lags = [int(x) for x in state["all_lags"]]

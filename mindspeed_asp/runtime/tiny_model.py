@@ -108,6 +108,18 @@ def _ensure_locked(target: Path, wanted: Dict[str, Any], spec: Dict[str, Any], s
     return str(target)
 
 
+def run_model_path(model: Any) -> str:
+    """The model directory a run's `model:` section names: the tiny model (built into the cache or at
+    `model.path` if missing) with `tiny: true`, else an existing HF model directory."""
+    from mindspeed_asp.errors import RunError
+
+    if model.tiny:
+        return ensure_tiny_model(model.path, seed=model.init_seed)
+    if not Path(model.path, "config.json").is_file():
+        raise RunError(f"model.path {model.path!r} is not an HF model directory (no config.json)")
+    return str(model.path)
+
+
 def load_hf_model(path: str, dtype: str = "float32"):
     """The HF causal LM the reference trainer trains: same directory, same parameter names as vLLM loads."""
     import torch

@@ -403,6 +403,18 @@ class GRPOTrainer:
         return str(path)
 
 
+def trainer_from_config(cfg: Any, model_path: str) -> GRPOTrainer:
+    """The reference trainer of a standalone run (`RunConfig` `cfg`): its `trainer:` section, the run seed
+    and the model's dtype; torch's threads set as the section says (one per process on a shared CPU)."""
+    import torch
+
+    t = cfg.trainer
+    torch.set_num_threads(t.threads)
+    return GRPOTrainer(model_path, lr=t.lr, clip_eps=t.clip_eps, kl_coef=t.kl_coef,
+                       micro_batch_size=t.micro_batch_size, seed=cfg.run.seed, max_grad_norm=t.max_grad_norm,
+                       dtype=cfg.model.dtype, objective=t.objective, iw_cap=t.iw_cap, iw_mode=t.iw_mode)
+
+
 def _non_finite(state: Dict[str, Any]) -> Optional[str]:
     """The first floating-point tensor of a trainer checkpoint (model, reference model, optimizer moments)
     holding NaN or inf, named as 'section tensor NAME (k of n values)'; None when all are finite."""

@@ -287,7 +287,7 @@ READBACK_NAMES = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.wei
 def node_address() -> Tuple[str, int]:
     """This process's node IP and a port free there (bound on every interface: peers on other nodes connect)."""
     import ray
-    from mindspeed_asp.runtime.weight_sync import free_port
+    from mindspeed_asp.runtime.weight_sync.group_store import free_port
     return ray.util.get_node_ip_address(), free_port("")
 
 
@@ -307,7 +307,7 @@ def asp_dist_backend(worker: Any) -> str:
 def asp_host_weight_store(worker: Any, host: str, port: int, timeout_s: float) -> bool:
     """Bind this infer-TP rank's weight-group store at host:port on the sender's node: returns once bound,
     raises (EADDRINUSE) at once when another process took the port since it was probed."""
-    from mindspeed_asp.runtime.weight_sync import host_store
+    from mindspeed_asp.runtime.weight_sync.group_store import host_store
     host_store(host, port, timeout_s, label="actor sender")
     return True
 
@@ -327,7 +327,7 @@ def asp_push_weights(worker: Any, version: int, readback: Sequence[str] = READBA
     """Export vLLM-shaped weights on this Megatron rank (a collective over the actor world) and broadcast them
     from the senders; returns the round's metrics and checksums of the read-back tensors."""
     from mindspeed_asp.integrations.mindspeed_rl import loss_patch
-    from mindspeed_asp.runtime.weight_sync import tensor_checksum
+    from mindspeed_asp.runtime.weight_sync.checksums import tensor_checksum
     sm = worker.sharding_manager
     sm.onload_infer_params()
     params = sm.vllm_weight_container.get_infer_params()
@@ -484,12 +484,12 @@ class AsyncFit:
             form_weight_group(r, self.handlers[r], [ranks[r] for ranks in self.workers], backend, timeout)
         self.startup = {"engines": float(m * tp), "engines_s": t1 - t0, "groups": float(tp),
                         "groups_s": time.time() - t1}
-        policy = "plan" if self.asp.mode == "asp" else "least_loaded"
-        capacity = max(1, self.asp.slots // n)
         labels = [[rank_actor_name(j, r) for r in range(tp)] for j in range(m)]
+        # the rollout control the standalone runtime uses, configured from the same asp: keys (one capacity
+        # rule, one training order per mode; runtime/rollout_control.py)
         self.driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
-            self.workers, policy, self.asp.max_lag, self.topo.gbs, capacity, 16, self.asp.work_stealing,
-            self.asp.stale_policy, labels)
+            self.workers, self.asp.mode, self.asp.max_lag, self.topo.gbs, self.asp.slots, n, 16,
+            self.asp.work_stealing, self.asp.stale_policy, labels)
         if state is not None:
             self.version = int(state["policy_version"])
         self.sync_weights(self.version)  # before any work: an instance refuses to generate without weights
@@ -524,7 +524,8 @@ class AsyncFit:
         self.windows_fed = int(state["plan"]["windows_fed"])
         ray.get(self.driver.restore.remote(self.version, state["trained_gids"], [(q, r, v) for q, r, v, _ in ready],
                                            [(q, j) for q, j, _ in unfinished], state["counters"],
-                                           state.get("isolated", [])))  # absent in states before isolation
+                                           state.get("isolated", []),  # absent in states before isolation
+                                           state.get("dispatch")))  # absent in states before one restart rule
 
     def skip_fed_windows(self, data_iters: Any, drawn: int) -> int:
         """Advance the loader past the windows the saved run had fed ahead of its updates (MindSpeed-RL's

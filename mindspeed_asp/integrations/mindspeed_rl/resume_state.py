@@ -100,6 +100,8 @@ def build_state(iteration: int, settings: Dict[str, Any], driver: Dict[str, Any]
                        for req, j in driver["unfinished"]],
         "isolated": [int(g) for g in driver.get("isolated", [])],  # unfinished gids the plan isolated
         "counters": dict(driver["counters"]),
+        # the lag policy's and dispatcher's own state: a restart re-dispatches as the standalone runtime does
+        "dispatch": driver.get("dispatch"),
     }
 
 

@@ -1,13 +1,11 @@
 """Drives the rollout instances of the MindSpeed-RL integration: dispatch, admission, lockstep stepping.
 
 A threaded Ray actor next to the trainer, so generation continues while Megatron's blocking update runs.
-Every decision is the runtime's, shared with the CPU and GPU tiers and tested there: the `Dispatcher` (plan or
-least-loaded order, work stealing, re-dispatch of a dead instance's groups), the `LagPolicy` (the shared
-max-lag policy of `mindspeed_asp/policy.py`: admission counter and waiting rule) and the `SampleQueue`
-(finished groups, the per-sample lag audit, minibatch order, stale groups dropped or handed back for
-regeneration). This class only adds MindSpeed-RL's instance
-shape: several TP-rank actors per instance, called in lockstep, and what a checkpoint keeps of it
-(`snapshot` / `restore`, see resume_state.py).
+Every decision is the standalone runtime's, made by the same `RolloutControl` (runtime/rollout_control.py:
+the dispatcher's plan or least-loaded order and work stealing, the max-lag admission and waiting rule, the one
+per-instance capacity rule, the sample queue's lag audit, minibatch order and stale groups), tested on the CPU
+and GPU tiers. This class only adds MindSpeed-RL's instance shape: several TP-rank actors per instance, called
+in lockstep, and what a checkpoint keeps of it (`snapshot` / `restore`, see resume_state.py).
 
 A dead instance ends the run, fast. The Dispatcher could re-dispatch its groups, but MindSpeed-RL's weight
 groups span every instance (one HCCL communicator per infer-TP rank, 1 + instances ranks) and cannot be
@@ -24,39 +22,33 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import RunError
-from mindspeed_asp.policy import LagPolicy, is_stale
-from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
-from mindspeed_asp.runtime.sample_queue import SampleQueue
+from mindspeed_asp.runtime.dispatcher import Ticket
+from mindspeed_asp.runtime.rollout_control import Admission, RolloutControl
 from mindspeed_asp.runtime.types import GroupRequest, GroupResult
 
 
 class RolloutDriver:
-    """Feeds `instances[j]` (a list of TP-rank actor handles) from the dispatcher; collects finished groups.
+    """Feeds `instances[j]` (a list of TP-rank actor handles) from the rollout control; collects finished groups.
 
-    `max_lag`: a group admitted at version v is trained at a version <= v + max_lag (admission), and the
-    queue audits every sample again when it is taken. `capacity`: groups in flight per instance.
+    `mode` (async / asp) and `max_lag`, `minibatch_groups`, `slots` (each engine's sequence slots), `n`
+    (samples per group), `work_stealing`, `stale_policy` configure the `RolloutControl` exactly as the
+    standalone runtime's run config does. `steps_per_call`: engine steps per lockstep call.
     `labels[j][r]` names TP rank r of instance j in errors (its Ray actor name); default "instance j tp-rank r".
+    `start=False` leaves the loop thread unstarted (a caller that steps it itself: tests).
     """
 
-    def __init__(self, instances: Sequence[Sequence[Any]], policy: str, max_lag: int, minibatch_groups: int,
-                 capacity: int, steps_per_call: int = 16, work_stealing: bool = True,
-                 stale_policy: str = "regenerate", labels: Optional[Sequence[Sequence[str]]] = None) -> None:
-        import ray  # noqa: F401  (actor context)
+    def __init__(self, instances: Sequence[Sequence[Any]], mode: str, max_lag: int, minibatch_groups: int,
+                 slots: int, n: int, steps_per_call: int = 16, work_stealing: bool = True,
+                 stale_policy: str = "regenerate", labels: Optional[Sequence[Sequence[str]]] = None,
+                 start: bool = True) -> None:
         self.instances = [list(ranks) for ranks in instances]
         self.labels = [list(names) for names in labels] if labels is not None else [
             [f"instance {j} tp-rank {r}" for r in range(len(ranks))] for j, ranks in enumerate(self.instances)]
-        self.lag = LagPolicy(max_lag, minibatch_groups)
-        self.dispatcher = Dispatcher(policy, len(self.instances), capacity=capacity, work_stealing=work_stealing,
-                                     lag=self.lag)
-        self.queue = SampleQueue(self.lag, stale_policy=stale_policy)
-        self.dispatch_version: Dict[int, int] = {}  # gid -> version it was dispatched with
+        self.control = RolloutControl(mode, len(self.instances), max_lag, minibatch_groups, slots, n,
+                                      work_stealing=work_stealing, stale_policy=stale_policy)
         self.steps = steps_per_call
         self.version = 0
         self.requests: Dict[int, GroupRequest] = {}
-        # finished, untrained groups as the queue holds them (gid -> result, version), and the trained gids:
-        # kept here so a checkpoint can list them without reaching into the queue
-        self.finished: Dict[int, Tuple[GroupResult, int]] = {}
-        self.trained_gids: List[int] = []
         self.pending: List[List[Tuple[GroupRequest, int]]] = [[] for _ in self.instances]
         self.outstanding: Dict[int, List[Any]] = {}
         self.issued_at: Dict[int, float] = {}  # instance -> when its outstanding step call was issued
@@ -66,7 +58,8 @@ class RolloutDriver:
         self.stopped = False
         self.lock = threading.Condition()
         self.thread = threading.Thread(target=self._loop, name="asp-rollout-driver", daemon=True)
-        self.thread.start()
+        if start:
+            self.thread.start()
 
     # ---------------------------------------------------------------- control (called by the trainer)
     def load_window(self, requests: Sequence[GroupRequest], predicted: Dict[int, float],
@@ -81,9 +74,9 @@ class RolloutDriver:
                 gid = int(req.group_id)
                 self.requests[gid] = req
                 tickets.append(Ticket(gid, float(predicted.get(gid, 1.0))))
-            self.dispatcher.load_window(tickets, plan_queues, shared=shared, isolated=isolated)
+            queued = self.control.load_window(tickets, plan_queues, shared=shared, isolated=isolated)
             self.lock.notify_all()
-            return self.dispatcher.queued()
+            return queued
 
     def set_version(self, version: int) -> None:
         with self.lock:
@@ -139,7 +132,7 @@ class RolloutDriver:
 
     def supply(self) -> int:
         """Groups that can still be trained: queued, in flight (admitted, generating) and finished untrained."""
-        return self.dispatcher.queued() + self.dispatcher.in_flight_count() + self.queue.occupancy()
+        return self.control.supply()
 
     def next_minibatch(self, train_version: int, timeout: float = 86400.0,
                        feed_below: int = 0) -> Dict[str, Any]:
@@ -157,93 +150,62 @@ class RolloutDriver:
         with self.lock:
             while True:
                 self._raise()
-                # the policy's waiting rule first: a group still generating may be due in this update
-                batch = None
-                if not self.lag.must_wait(int(train_version)):
-                    batch = self.queue.next_minibatch(int(train_version), prefer="oldest")
-                    self._forget_taken(int(train_version), batch or [])
-                self._requeue_stale()
+                batch = self.control.next_minibatch(int(train_version))
                 if batch is not None:
                     lags = [int(train_version) - int(s.min_version) for g in batch for s in g.samples]
+                    d, queue = self.control.dispatcher, self.control.queue
                     return {"groups": batch, "lags": lags, "wait_s": time.time() - t0,
-                            "queued": self.dispatcher.queued(), "in_flight": self.dispatcher.in_flight_count(),
-                            "ready_left": self.queue.occupancy(), "counters": self.queue.counters()}
+                            "queued": d.queued(), "in_flight": d.in_flight_count(),
+                            "ready_left": queue.occupancy(), "counters": queue.counters()}
                 supply = self.supply()
                 if feed_below > 0 and supply < feed_below:
                     return {"need_window": True, "supply": supply, "wait_s": time.time() - t0,
-                            "counters": self.queue.counters()}
+                            "counters": self.control.queue.counters()}
+                self.lock.notify_all()  # stale groups sent back on the way: the loop hands them out
                 if time.time() >= deadline:
                     raise TimeoutError(f"no trainable minibatch for version {train_version} within {timeout}s")
                 self.lock.wait(timeout=0.05)
 
     def stats(self) -> Dict[str, Any]:
         with self.lock:
-            return {"steals": [(s.thief, s.victim, s.gid) for s in self.dispatcher.steals],
-                    "queued": self.dispatcher.queued(), "counters": self.queue.counters(),
-                    "deaths": list(self.deaths), "lags": list(self.queue.all_lags)}
+            d, queue = self.control.dispatcher, self.control.queue
+            return {"steals": [(s.thief, s.victim, s.gid) for s in d.steals],
+                    "queued": d.queued(), "counters": queue.counters(),
+                    "deaths": list(self.deaths), "lags": list(queue.all_lags)}
 
     # ---------------------------------------------------------------- checkpoint (resume_state.py)
     def snapshot(self) -> Dict[str, Any]:
-        """One consistent cut (under the lock): trained gids, finished untrained groups with their versions,
-        and the groups queued or generating (in flight first, each with its instance; -1 = the shared FIFO).
-        A group that finishes after the cut counts as generating: a resumed run generates it again."""
+        """One consistent cut (under the lock, `RolloutControl.cut`) with each group's request: trained gids,
+        finished untrained groups with their versions, and the groups queued or generating (in flight first,
+        each with its instance; -1 = the shared FIFO). A group that finishes after the cut counts as
+        generating: a resumed run generates it again."""
         with self.lock:
-            unfinished = [(t.gid, j) for j, q in enumerate(self.dispatcher.in_flight) for t in q.values()]
-            unfinished += [(t.gid, j) for j, q in enumerate(self.dispatcher.queues) for t in q]
-            unfinished += [(t.gid, -1) for t in self.dispatcher.fifo]
-            counters = dict(self.queue.counters())
-            counters.update(self.lag.counters())
-            return {"trained_gids": list(self.trained_gids),
-                    "ready": [(self.requests[gid], res, v) for gid, (res, v) in self.finished.items()],
-                    "unfinished": [(self.requests[gid], j) for gid, j in unfinished], "counters": counters,
-                    "isolated": sorted(gid for gid, _ in unfinished if gid in self.dispatcher.isolated)}
+            cut = self.control.cut()
+            return {"trained_gids": cut.trained,
+                    "ready": [(self.requests[int(res.group_id)], res, v) for res, v in cut.ready],
+                    "unfinished": [(self.requests[gid], j) for gid, j in cut.unfinished], "counters": cut.counters,
+                    "isolated": cut.isolated, "dispatch": cut.dispatch}
 
     def restore(self, version: int, trained_gids: Sequence[int], ready: Sequence[Tuple[GroupRequest, GroupResult, int]],
                 unfinished: Sequence[Tuple[GroupRequest, int]], counters: Dict[str, int],
-                isolated: Sequence[int] = ()) -> int:
-        """Continue a saved run in this fresh driver: its version, its trained groups (counted by the lag
-        policy as trained), its finished groups (queued for the trainer under their saved versions) and its
-        unfinished ones (loaded as a window, on the instance queues they had, the isolated among them still
-        isolated). Returns the groups queued."""
+                isolated: Sequence[int] = (), dispatch: Optional[Dict[str, Any]] = None) -> int:
+        """Continue a saved run in this fresh driver: its version, its trained groups, its finished groups
+        (queued for the trainer under their saved versions) and its unfinished ones, re-dispatched by the
+        standalone runtime's restart rule from the saved `dispatch` state (`RolloutControl.restore_cut`).
+        Returns the groups queued."""
         with self.lock:
-            if self.dispatcher.dispatched or self.requests:
+            if self.requests:
                 raise RuntimeError("restore needs a fresh rollout driver")
             self.version = int(version)
-            self.trained_gids = [int(g) for g in trained_gids]
-            if self.trained_gids:  # they keep their place in the admission count, as in the saved run
-                n = len(self.trained_gids)
-                self.lag.on_dispatched(0, n)
-                self.lag.on_finished(0, n)
-                self.lag.on_trained(0, n)
-            for req, res, v in ready:
-                gid = int(req.group_id)
-                self.requests[gid] = req
-                self.dispatch_version[gid] = int(v)
-                self.dispatcher.done.add(gid)
-                self.lag.on_dispatched(int(v))
-                if self.queue.put(res, version=int(v)):
-                    self.finished[gid] = (res, int(v))
-            queues = None
-            if self.dispatcher.policy == "plan":
-                m = len(self.instances)
-                queues = [[int(r.group_id) for r, j in unfinished if max(j, 0) % m == k] for k in range(m)]
-            if unfinished:
-                for req, _ in unfinished:
-                    self.requests[int(req.group_id)] = req
-                self.dispatcher.load_window([Ticket(int(r.group_id)) for r, _ in unfinished], queues,
-                                            isolated=[int(g) for g in isolated])
-            self._restore_counters(counters)
+            for req, _, _ in ready:
+                self.requests[int(req.group_id)] = req
+            for req, _ in unfinished:
+                self.requests[int(req.group_id)] = req
+            queued = self.control.restore_cut(trained_gids, [(res, int(v)) for _, res, v in ready],
+                                              [(int(req.group_id), int(j)) for req, j in unfinished], counters,
+                                              isolated, dispatch)
             self.lock.notify_all()
-            return self.dispatcher.queued()
-
-    def _restore_counters(self, counters: Dict[str, int]) -> None:
-        """The logged counters continue from the saved run (`policy/accepted` and `running` are recomputed)."""
-        for key in ("received", "trained", "trained_samples", "dropped_stale", "regenerated", "duplicates"):
-            if f"queue/{key}" in counters:
-                setattr(self.queue, key, int(counters[f"queue/{key}"]))
-        for key in ("dispatched", "finished", "trained", "lost", "stale"):
-            if f"policy/{key}" in counters:
-                setattr(self.lag, key, int(counters[f"policy/{key}"]))
+            return queued
 
     def stop(self) -> None:
         with self.lock:
@@ -255,32 +217,22 @@ class RolloutDriver:
         if self.errors:
             raise RunError(self.errors[0])
 
-    def _forget_taken(self, train_version: int, batch: Sequence[GroupResult]) -> None:
-        """Mirror what `next_minibatch` removed from the queue: the batch (trained) and, by the same rule
-        the queue's sweep applies, the stale groups (dropped or handed back)."""
-        for g in batch:
-            self.finished.pop(int(g.group_id), None)
-            self.trained_gids.append(int(g.group_id))
-        for gid in [gid for gid, (_, v) in self.finished.items() if is_stale(train_version, v, self.lag.max_lag)]:
-            del self.finished[gid]
-
-    def _requeue_stale(self) -> None:
-        for g in self.queue.take_stale():
-            self.dispatcher.requeue(int(g.group_id))
-
     # ---------------------------------------------------------------- the loop
-    def _admit(self) -> None:
-        for j, t in self.dispatcher.fill(self.version):  # as many as the lag policy admits
-            self.dispatch_version[t.gid] = t.version
+    def _admit(self) -> Admission:
+        """Hand out what the rollout control admits at the current version (with the stale groups sent back
+        for regeneration since the last call)."""
+        admission = self.control.admit(self.version)
+        for j, t in admission.picks:
             self.pending[j].append((self.requests[t.gid], self.version))
+        return admission
 
     def _issue(self) -> None:
         if self.errors:  # the run is over: nothing more reaches an engine
             return
         for j, ranks in enumerate(self.instances):
-            if j in self.outstanding or not self.dispatcher.alive[j]:
+            if j in self.outstanding or not self.control.dispatcher.alive[j]:
                 continue
-            if self.pending[j] or self.dispatcher.in_flight_count(j):
+            if self.pending[j] or self.control.dispatcher.in_flight_count(j):
                 jobs, self.pending[j] = self.pending[j], []
                 self.outstanding[j] = [r.run.remote(jobs, self.steps) for r in ranks]
                 self.issued_at[j] = time.time()
@@ -323,15 +275,15 @@ class RolloutDriver:
                     continue
                 if not all(ref in done_set for ref in refs):
                     continue  # lockstep ranks finish together: wait for the rest
-                results: List[List[GroupResult]] = ray.get(refs)
-                with self.lock:
-                    self.outstanding.pop(j, None)
-                    for out in results[0]:
-                        gid = int(out.group_id)
-                        if self.dispatcher.on_finished(j, gid) and \
-                                self.queue.put(out, version=self.dispatch_version[gid]):
-                            self.finished[gid] = (out, self.dispatch_version[gid])
-                    self.lock.notify_all()
+                self._accept(j, ray.get(refs)[0])
+
+    def _accept(self, j: int, results: Sequence[GroupResult]) -> None:
+        """Instance j's lockstep call returned (rank 0's finished groups): into the rollout control."""
+        with self.lock:
+            self.outstanding.pop(j, None)
+            for out in results:
+                self.control.finish(j, out)
+            self.lock.notify_all()
 
     def _on_dead(self, j: int, exc: Optional[BaseException], ranks: Sequence[int] = ()) -> None:
         """Record the death of instance j (its TP ranks `ranks` failed with `exc`) and end the run: nothing
