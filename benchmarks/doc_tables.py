@@ -7,7 +7,7 @@ command, date and commit) is added by render_docs.py. Nothing here measures anyt
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -428,6 +428,191 @@ def runtime(d: Json) -> str:
 def runtime_earlier(d: Json) -> str:
     return "\n".join([_ratio_table(d), "", "Seed 0 side by side (" + e2e_basis([]) + "):", "",
                       _preformatted(d["table"])])
+
+
+# ------------------------------------------------------------------ 4b. runtime on the long tail (issue 24)
+def _mode_label(mode: str, spelled: Mapping[str, Sequence[str]]) -> str:
+    """'asp, max_lag 1 (= K-1)' for a mode whose lag was also asked for as K-1."""
+    if mode == "stock":
+        return "stock"
+    kind, lag = mode.split("_lag")
+    also = [w for w in spelled.get(lag, []) if w != lag]
+    return f"{kind}, max_lag {lag}" + (f" (= {', '.join(also)})" if also else "")
+
+
+def _ci_pts(ci: Json, digits: int = 1) -> str:
+    """A share's mean and 95% interval in percent: '12.3% [10.1, 14.5]'."""
+    if not ci or ci.get("n", 0) == 0 or not math.isfinite(ci.get("mean", float("nan"))):
+        return "-"
+    if ci["n"] < 2 or not math.isfinite(ci.get("lo", float("nan"))):
+        return pct(ci["mean"], digits)
+    return f"{pct(ci['mean'], digits)} [{100 * ci['lo']:.{digits}f}, {100 * ci['hi']:.{digits}f}]"
+
+
+def _ci_num(ci: Json, digits: int = 1, unit: str = "") -> str:
+    if not ci or ci.get("n", 0) == 0 or not math.isfinite(ci.get("mean", float("nan"))):
+        return "-"
+    if ci["n"] < 2 or not math.isfinite(ci.get("lo", float("nan"))):
+        return f"{num(ci['mean'], digits)}{unit}"
+    return f"{num(ci['mean'], digits)}{unit} [{num(ci['lo'], digits)}, {num(ci['hi'], digits)}]"
+
+
+def _seeds_line(d: Json) -> str:
+    seeds = d["seeds_done"]
+    return (f"seeds measured: {len(seeds)} of {len(d['seeds_planned'])} ({', '.join(map(str, seeds)) or 'none'})"
+            + ("" if d.get("complete") else " - **partial**: the seeds not listed did not finish"))
+
+
+def _workload_line(w: Optional[Json]) -> str:
+    if not w:
+        return "workload: not a replay task"
+    return (f"`{w.get('kind') or w.get('trace')}` lengths at scale {num(w['scale'], 4)}, cap {w['max_new_tokens']}: "
+            f"median {num(w['median'], 1)} tokens, p99/median {num(w['p99_over_median'], 1)}, "
+            f"{pct(w['cap_share'])} of samples at the cap (mean over the seeds' draws)")
+
+
+_BUBBLE_COLUMNS = (("padding_train", "padding, trainer", "pct"), ("padding_rollout", "padding, rollout", "pct"),
+                   ("skewness", "skewness (recorder)", "pct"), ("skewness_window", "skewness per window", "pct"),
+                   ("skewness_after90", "after 90% done", "pct"), ("sorting", "sorting: trainer starved", "pct"),
+                   ("rollout_wait_share", "trainer waits for rollout", "pct"),
+                   ("plan_critical_share", "planning on critical path", "pct2"))
+
+
+def _bubble_table(d: Json, spelled: Mapping[str, Sequence[str]]) -> str:
+    b = d.get("bubbles") or {}
+    rows = []
+    for m in d["modes"]:
+        if m not in b:
+            continue
+        rows.append([_mode_label(m, spelled)] + [_ci_pts(b[m][key], 2 if kind == "pct2" else 1)
+                                                 for key, _, kind in _BUBBLE_COLUMNS])
+    return table(["mode"] + [label for _, label, _ in _BUBBLE_COLUMNS], rows)
+
+
+def _sim_mode_table(d: Json, spelled: Mapping[str, Sequence[str]]) -> str:
+    sim = d.get("simulator") or {}
+    return table(["mode", "mean abs error", "signed mean [95%]", "max abs error", "within 10%"],
+                 [[_mode_label(m, spelled), pct(e["abs_mean"]) if e.get("errors") else "-",
+                   _ci_pts(e), pct(e["abs_max"]) if e.get("errors") else "-",
+                   verdict(e["abs_mean"] <= 0.10) if e.get("errors") else "-"]
+                  for m, e in sim.items()])
+
+
+def _longtail_kind_row(name: str, r: Json, lag: str) -> List[str]:
+    """One workload's row of "where does ASP not help": its shape, the three ratios at `lag`, the sorting and
+    per-window skewness bubbles of asp / async, and the simulator's worst mode error among those three modes."""
+    w = r.get("workload") or {}
+    asp, asy = f"asp_lag{lag}", f"async_lag{lag}"
+    sim = r.get("simulator") or {}
+    errs = [sim[m]["abs_mean"] for m in ("stock", asp, asy) if sim.get(m, {}).get("errors")]
+    b = r.get("bubbles") or {}
+    ratio = r["asp_vs_async"].get(f"lag{lag}")
+
+    def pair(key: str) -> str:
+        if asp not in b or asy not in b:
+            return "-"
+        return f"{_ci_pts(b[asp][key]).split(' [')[0]} / {_ci_pts(b[asy][key]).split(' [')[0]}"
+
+    return [name, num(w.get("p99_over_median"), 1), pct(w["cap_share"]) if w else "-", lag,
+            _ci(ratio) if ratio else "-",
+            _ci(r["ratios_vs_stock"][asp]) if asp in r["ratios_vs_stock"] else "-",
+            _ci(r["ratios_vs_stock"][asy]) if asy in r["ratios_vs_stock"] else "-",
+            pair("sorting"), pair("skewness_window"), pct(max(errs)) if errs else "-"]
+
+
+def runtime_longtail(d: Json) -> str:
+    """The long-tail runtime benchmark (bench_runtime.py on configs/tiny_cpu_longtail.yaml, issue 24): one table
+    per question, each computed from the results file."""
+    k = d.get("k") or {}
+    spelled = k.get("spelled", {})
+    lags = [key[3:] for key in d["asp_vs_async"]]
+    kline = (f"K = {k['K']} minibatches per window ({k['source']}), so max_lag K-1 = {k['K-1']}"
+             + (f", the same runs as max_lag {k['K-1']}" if str(k["K-1"]) in lags and
+                len(spelled.get(str(k["K-1"]), [])) > 1 else "") if k else "K not recorded")
+    out = [f"Config `{d.get('config', '?')}`; {_workload_line(d.get('workload'))}; {kline}; "
+           f"{_seeds_line(d)}. Ratios are of `throughput/e2e_tps`, paired by seed, mean with the 95% t interval "
+           "over seeds.", ""]
+    sr = d.get("sim_ratio") or {}
+    runs = d["runs"]
+    seeds = d["seeds_done"]
+
+    def tps(mode: str) -> str:
+        vals = [runs[f"{mode}_s{s}"]["throughput/e2e_tps"] for s in seeds if f"{mode}_s{s}" in runs]
+        return num(float(np.mean(vals)), 1) if vals else "-"
+
+    out += ["**Does asp beat async on long tails?** (same max_lag; the simulator's prediction of the same ratio "
+            "from each run's own replay next to it):", "",
+            table(["max_lag", "asp / async", "per seed", "simulator's asp / async", "asp e2e_tps (mean)",
+                   "async e2e_tps (mean)"],
+                  [[_mode_label(f"asp_lag{lag}", spelled).split("max_lag ")[1], _ci(ci),
+                    ", ".join(f"{v:.2f}" for v in ci["values"]),
+                    _ci(sr[f"lag{lag}"]["predicted"]) if sr.get(f"lag{lag}", {}).get("predicted", {}).get("n")
+                    else "-", tps(f"asp_lag{lag}"), tps(f"async_lag{lag}")]
+                   for lag, ci in ((key[3:], v) for key, v in d["asp_vs_async"].items())]), ""]
+    out += ["**Does it beat stock?**", "",
+            table(["mode", "e2e_tps vs stock", "per seed", "e2e_tps (mean)"],
+                  [[_mode_label(m, spelled), _ci(ci), ", ".join(f"{v:.2f}" for v in ci["values"]), tps(m)]
+                   for m, ci in d["ratios_vs_stock"].items()] + [["stock", "1.00x", "", tps("stock")]]), ""]
+    if d.get("simulator"):
+        out += ["**Does the simulator predict it?** Every run replayed with its own lengths, a cost fitted from its "
+                "own engine steps and its measured trainer and sync times (section 4); error of the predicted run "
+                "time per mode, and the predicted asp/async ratio against the measured one (target: within 10% "
+                "per mode, ratio within 5 points):", "",
+                _sim_mode_table(d, spelled), "",
+                table(["max_lag", "measured asp / async", "predicted", "predicted - measured (points) [95%]"],
+                      [[key[3:], _ci(v["measured"]), _ci(v["predicted"]),
+                        _ci_num({kk: 100 * vv if isinstance(vv, float) else vv for kk, vv in v["diff"].items()}, 1)]
+                       for key, v in sr.items()]), ""]
+    else:
+        out += ["**Does the simulator predict it?** Not in this results file (run without `--skip-sim`).", ""]
+    out += ["**Where do the bubbles go?** Measured on the real runs, mean over seeds [95%]: padding = idle share of "
+            "the trainer's padded micro-batches (`bubble/padding_train`) and of the rollout's slot-steps "
+            "(`bubble/padding`); skewness = instance idle share at a window's end (the recorder's: per stock "
+            "iteration, one window for a streaming run; per window: stock's iterations and K x M groups for the "
+            "streaming modes), after 90% done = share of a window's span after 90% of its groups finished; "
+            "sorting = trainer starved while rollout runs (`bubble/sorting`); trainer waits = the updates' wait "
+            "for their minibatch over the run; planning on the critical path = planning seconds of the windows "
+            "not planned ahead over the run (target below 2%):", "", _bubble_table(d, spelled), ""]
+    kinds = d.get("kinds") or {}
+    if kinds:
+        out += [f"**Where does ASP not help?** The same modes at max_lag {d.get('kind_lag')} on other replay kinds "
+                f"(`data.replay.kind=<kind>` with `{' '.join(d.get('kind_overrides', []))}`: each kind at its own "
+                "scale, its cap share kept), the long-tail rows for reference; sorting and skewness per window as "
+                "asp / async:", "",
+                table(["workload", "p99/median", "at the cap", "max_lag", "asp / async", "asp / stock",
+                       "async / stock", "sorting asp / async", "skewness per window asp / async",
+                       "simulator worst abs error"],
+                      [_longtail_kind_row((d.get("workload") or {}).get("kind") or "main", d, lag) for lag in lags]
+                      + [_longtail_kind_row(name, r, str(d.get("kind_lag"))) for name, r in kinds.items()]), ""]
+        for name, r in kinds.items():
+            out.append(f"- {name}: {_seeds_line(r)}; {_workload_line(r.get('workload'))}.")
+        out.append("")
+    else:
+        out += ["**Where does ASP not help?** No other kinds in this results file (`--kinds tiny_decode,chat`).", ""]
+    tg = d.get("targets") or []
+    if tg:
+        out += ["**Targets** (issue 24; a missed throughput target names the paired bubble differences that "
+                "separate the two modes):", "",
+                table(["target", "measured", "verdict", "why (paired differences)"],
+                      [[_cell(t["target"]), _cell(t.get("figure", "-")), f"**{_cell(t['verdict'])}**",
+                        _cell(t.get("why", ""))] for t in tg]), ""]
+    out += ["**Per run** (e2e_tps, measured / predicted run time in s):", "",
+            table(["mode"] + [f"seed {s}" for s in seeds],
+                  [[_mode_label(m, spelled)] + [_run_cell(d, f"{m}_s{s}") for s in seeds] for m in d["modes"]])]
+    return "\n".join(out)
+
+
+def _cell(text: str) -> str:
+    """Free text inside a table cell: a '|' would end the cell."""
+    return str(text).replace("|", "\\|")
+
+
+def _run_cell(d: Json, name: str) -> str:
+    r = d["runs"].get(name)
+    if r is None:
+        return "-"
+    p = (d.get("simulator_runs") or {}).get(name, {}).get("predicted_run_s")
+    return f"{num(r['throughput/e2e_tps'], 0)} ({num(r['time/run'], 1)} / {num(p, 1)})"
 
 
 # ------------------------------------------------------------------------------ weight sync
