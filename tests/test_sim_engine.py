@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.types import CostModel, InstanceSpec
-from mindspeed_asp.sim.engine import Cluster, TabulatedCost, simulate_instances
+from mindspeed_asp.sim.engine import InstanceSim, simulate_instances
+from mindspeed_asp.sim.instance_inputs import check_instance_inputs
+from mindspeed_asp.sim.step_cost import TabulatedCost
 from mindspeed_asp.sim.metrics import instance_step_bounds
 
 COST = CostModel(a=5e-3, b=2e-5, c=2e-7, p=1e-6)
@@ -119,14 +121,15 @@ def test_gate_and_notify_resume_mid_interval():
     def gate(g, now):
         return None if g in allowed else math.inf
 
-    cl = Cluster([np.array([0, 1, 2, 3])], lengths, np.zeros(G, dtype=int), InstanceSpec(slots=4), COST, gate=gate)
+    cl = InstanceSim([np.array([0, 1, 2, 3])], lengths, np.zeros(G, dtype=int), InstanceSpec(slots=4), COST,
+                     gate=gate)
     while cl.peek_time() < 0.2:
         cl.step()
-    assert np.isnan(cl.group_dispatch[2])
+    assert np.isnan(cl.rec.group_dispatch[2])
     allowed.update({2, 3})
     cl.notify(0.2)
     cl.run()
-    assert 0.2 <= cl.group_dispatch[2] < 0.2 + COST.a * 2
+    assert 0.2 <= cl.rec.group_dispatch[2] < 0.2 + COST.a * 2
     assert cl.trace().steps[0] == 100  # admitted into free slots while the long ones run
 
 
@@ -154,3 +157,41 @@ def test_bad_inputs_are_refused():
                            InstanceSpec(slots=4), COST)
     with pytest.raises(RuntimeError, match="never finished"):
         simulate_instances([np.array([0, 1])], lengths, np.zeros(3, dtype=int), InstanceSpec(slots=4), COST)
+
+
+_OK = dict(orders=[np.arange(3)], lengths=np.full((3, 2), 10), prompt_lens=np.full(3, 5), spec=InstanceSpec(slots=4),
+           cost=COST)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    ({"dispatch": "round_robin"}, ValueError, "dispatch must be one of"),
+    ({"lengths": np.full(6, 10)}, ValueError, r"lengths must be \[G, n\]"),
+    ({"lengths": np.zeros((3, 0), dtype=int)}, ValueError, "n >= 1 samples"),
+    ({"lengths": np.full((3, 2), 0)}, ValueError, ">= 1 token"),
+    ({"prompt_lens": np.full(2, 5)}, ValueError, r"prompt_lens must have shape \(3,\)"),
+    ({"kv_policy": "evict"}, ValueError, "kv_policy"),
+    ({"spec": InstanceSpec(slots=0)}, ValueError, "slots must be >= 1"),
+    ({"spec": InstanceSpec(slots=4, kv_budget=15)}, ValueError, "kv_budget 15"),
+    ({"cost": object()}, TypeError, "step_time"),
+    ({"steal_load": np.ones(2)}, ValueError, "steal_load"),
+    ({"orders": [np.array([0, 3])]}, ValueError, "out of range"),
+    ({"orders": [np.array([0, 1]), np.array([1, 2])]}, ValueError, "instance 1: a group is placed twice"),
+    ({"isolated": [3]}, ValueError, "isolated group 3"),
+])
+def test_check_instance_inputs_refuses_each_bad_input(change, error, match):
+    """The simulator's input checks live in one function; each refusal names what it refuses."""
+    kw = {**_OK, **change}
+    pos = [kw.pop(k) for k in ("orders", "lengths", "prompt_lens", "spec", "cost")]
+    with pytest.raises(error, match=match):
+        check_instance_inputs(*pos, **kw)
+    with pytest.raises(error, match=match):  # the simulator refuses it the same way
+        InstanceSim(*pos, **kw)
+
+
+def test_check_instance_inputs_flattens_per_sequence_and_derives_the_shared_queue():
+    inp = check_instance_inputs([np.array([2, 0]), np.array([1])], np.array([[3, 4], [5, 6], [7, 8]]),
+                                np.array([10, 20, 30]), InstanceSpec(slots=2), COST, dispatch="shared")
+    assert (inp.groups, inp.samples, inp.slots, inp.kv_budget) == (3, 2, 2, math.inf)
+    assert inp.response == [3, 4, 5, 6, 7, 8] and inp.prompt == [10, 10, 20, 20, 30, 30]
+    assert inp.dispatch == "shared" and inp.shared_queue  # the argument kept as given, its meaning derived
+    assert inp.group_load == [1.0, 1.0, 1.0] and inp.isolated == [False, False, False]

@@ -21,144 +21,36 @@ Model of one instance (one vLLM engine):
 
 A group (the n samples of one prompt) is dispatched when its first sequence is admitted; a `gate` callback
 can hold a group back (admission control of the pipeline), and a held instance waits head-of-line, keeping
-the plan order, until `Cluster.notify` is called or the gate's retry time comes.
+the plan order, until `InstanceSim.notify` is called or the gate's retry time comes.
 
-Where an instance's next group comes from when its own queue is empty is the shared policy's
-(`mindspeed_asp/policy.py`, the same functions the runtime's dispatcher calls):
-- work stealing (`work_stealing=True`, the runtime's asp mode): the not-started group at the *tail* of the
-  most loaded other queue (load = predicted tokens of its not-started groups when `steal_load` is given, else
-  their count). Taking from the tail keeps the victim's plan order; a partly admitted group is never split;
-  the group moves only once the gate admits it (the runtime steals only within its admission budget).
-- `dispatch="fifo"` (the runtime's async mode): the head of one shared queue in dataset order; the
-  instances start with empty queues. `dispatch="shared"` (a shared plan, `Assignment.shared`): the same,
-  with the queue in the plan's order (the orders read position by position, `Assignment.shared_order`).
-- isolation (`isolated`, the plan's `Assignment.isolated`): an instance running an isolated group steals
-  nothing until it ends (`policy.may_steal`).
-When several instances are offered work at once (the start, `notify` after a version bump), they go in the
-policy's order: fewest running first, those with work of their own before those that would take it
-elsewhere. Every steal is counted per thief and per group.
+Where an instance's next group comes from when its own queue is empty (work stealing, a shared queue, the
+plan's isolation) and how a lag budget is dealt out are the shared policy's decisions, made by the
+simulator's dispatcher (dispatcher.py) with the functions the runtime's dispatcher calls. When several
+instances are offered work at once (the start, `notify` after a version bump), they go in the policy's
+order: fewest running first, those with work of their own before those that would take it elsewhere.
 
-A lag budget (`Cluster.budget`, the pipeline's admission budget in groups) is dealt out as the runtime's
-dispatcher hands out groups: one group at a time to the eligible instance with the fewest groups in flight
-(own work first, then a thief), at most `group_capacity` in flight per instance. An instance opens no more
-groups than it was granted; without this the first instance woken would fill all its slots and take the
-whole budget. When the budget covers every group from the start, the gate never binds and instances admit
-freely, as without a budget.
+Layout: this module holds the event loop (`InstanceSim`: events, the gate, waking, admission), its result
+(`InstanceTrace`) and `simulate_instances`; one instance's stepping, retiring and preemption are instance.py's,
+the dispatcher dispatcher.py's, the input checks instance_inputs.py's, step costs and interval sums
+step_cost.py's.
 """
 from __future__ import annotations
 
-import heapq
-import math
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from dataclasses import dataclass
+from heapq import heappop, heappush  # bare names: the event loop calls them on every event
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspeed_asp.policy import lightest, may_steal, offer_order, shared_queue_order, steal_victim, wake_order
-from mindspeed_asp.types import CostModel, InstanceSpec
+from mindspeed_asp.policy import offer_order, wake_order
+from mindspeed_asp.sim.dispatcher import NOWHERE, OWN, GroupDispatcher, plan_queues
+from mindspeed_asp.sim.instance import Instance, Sequences
+from mindspeed_asp.sim.instance_inputs import DISPATCH, INF, InstanceInputs, check_instance_inputs
+from mindspeed_asp.types import InstanceSpec
 
-INF = float("inf")
-DISPATCH = ("plan", "fifo", "shared")
-_OWN, _NONE, _FIFO = -1, -2, -3  # where the next group comes from (>= 0: the victim of a steal)
+__all__ = ["DISPATCH", "INF", "GateFn", "InstanceSim", "InstanceTrace", "simulate_instances"]
+
 _ADMITTED, _HELD, _RETRY = 0, 1, 2  # the gate's answer for a group, as the admission loop acts on it
-
-
-# --------------------------------------------------------------------------------------------- step costs
-class TabulatedCost:
-    """Step time interpolated in a measured table over (active sequences, KV tokens), seconds.
-
-    Why: vLLM's step time is flat up to a knee and then compute bound, which the linear model misses. The
-    table is a grid `time[i, j]` at `active[i]`, `kv[j]` (both increasing); outside the grid the edge values
-    are held (no extrapolation). `p` is the per-prefill-token cost added on top.
-    """
-
-    def __init__(self, active: Sequence[float], kv: Sequence[float], time: np.ndarray, p: float = 0.0,
-                 source: str = "table") -> None:
-        from scipy.interpolate import RegularGridInterpolator
-
-        self.active = np.asarray(active, dtype=np.float64)
-        self.kv = np.asarray(kv, dtype=np.float64)
-        self.time = np.asarray(time, dtype=np.float64)
-        if self.time.shape != (len(self.active), len(self.kv)):
-            raise ValueError(f"table shape {self.time.shape} != (len(active), len(kv)) = "
-                             f"({len(self.active)}, {len(self.kv)})")
-        if np.any(np.diff(self.active) <= 0) or np.any(np.diff(self.kv) <= 0):
-            raise ValueError("table axes must be strictly increasing")
-        self.p = float(p)
-        self.source = source
-        self._interp = RegularGridInterpolator((self.active, self.kv), self.time, method="linear",
-                                               bounds_error=False, fill_value=None)
-
-    def step_time(self, active, kv_tokens, prefill_tokens=0.0):
-        act = np.clip(np.asarray(active, dtype=np.float64), self.active[0], self.active[-1])
-        kv = np.clip(np.asarray(kv_tokens, dtype=np.float64), self.kv[0], self.kv[-1])
-        act, kv = np.broadcast_arrays(act, kv)
-        out = self._interp(np.stack([act.ravel(), kv.ravel()], axis=1)).reshape(act.shape)
-        return out + self.p * np.asarray(prefill_tokens, dtype=np.float64)
-
-
-class _LinearIntervals:
-    """Closed-form sums of `a + b*n + c*(K + n*d)` over d = 0..D-1 steps, plus the prefill of the first step."""
-
-    def __init__(self, cost: CostModel, scale: float = 1.0) -> None:
-        self.a, self.b, self.c, self.p = (cost.a * scale, cost.b * scale, cost.c * scale, cost.p * scale)
-
-    def interval(self, n: int, kv: float, steps: int, prefill: float) -> float:
-        d = float(steps)
-        return d * (self.a + self.b * n) + self.c * (d * kv + n * d * (d - 1.0) / 2.0) + self.p * prefill
-
-    def steps_to_reach(self, n: int, kv: float, prefill: float, t: float) -> int:
-        """Smallest D >= 1 with interval(n, kv, D, prefill) >= t."""
-        qa = self.c * n / 2.0
-        qb = self.a + self.b * n + self.c * kv - self.c * n / 2.0
-        qc = self.p * prefill - t
-        if qa > 0.0:
-            disc = max(qb * qb - 4.0 * qa * qc, 0.0)
-            d = (-qb + math.sqrt(disc)) / (2.0 * qa)
-        else:
-            d = -qc / qb if qb > 0 else 1.0
-        d = max(1, int(math.ceil(d - 1e-9)))
-        while d > 1 and self.interval(n, kv, d - 1, prefill) >= t:
-            d -= 1
-        while self.interval(n, kv, d, prefill) < t:
-            d += 1
-        return d
-
-
-class _TableIntervals:
-    """Interval sums for any vectorised `step_time(active, kv, prefill)` (one numpy sum per interval)."""
-
-    def __init__(self, cost, scale: float = 1.0) -> None:
-        self.cost = cost
-        self.scale = scale
-        self.p = float(getattr(cost, "p", 0.0)) * scale
-
-    def _steps(self, n: int, kv: float, steps: int) -> np.ndarray:
-        d = np.arange(steps, dtype=np.float64)
-        return self.scale * np.asarray(self.cost.step_time(np.full(steps, float(n)), kv + n * d, 0.0))
-
-    def interval(self, n: int, kv: float, steps: int, prefill: float) -> float:
-        if steps <= 0:
-            return 0.0
-        return float(self._steps(n, kv, steps).sum()) + self.p * prefill
-
-    def steps_to_reach(self, n: int, kv: float, prefill: float, t: float) -> int:
-        horizon = 64
-        while True:
-            cum = np.cumsum(self._steps(n, kv, horizon)) + self.p * prefill
-            idx = int(np.searchsorted(cum, t, side="left"))
-            if idx < horizon:
-                return idx + 1
-            horizon *= 4
-
-
-def make_intervals(cost, scale: float = 1.0):
-    """Interval-time helper for a cost object: closed form for the linear CostModel, sums otherwise."""
-    if isinstance(cost, CostModel):
-        return _LinearIntervals(cost, scale)
-    if not hasattr(cost, "step_time"):
-        raise TypeError(f"cost {cost!r} has no step_time(active, kv, prefill)")
-    return _TableIntervals(cost, scale)
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -197,42 +89,51 @@ class InstanceTrace:
 
 
 GateFn = Callable[[int, float], Optional[float]]
-"""gate(group, now) -> None to admit now; a time to retry at; or math.inf to wait for `Cluster.notify`."""
+"""gate(group, now) -> None to admit now; a time to retry at; or math.inf to wait for `InstanceSim.notify`."""
 
 
-@dataclass
-class _Inst:
-    queue: List[int]  # sequence ids g*n+s in plan order
-    head: List[bool]  # sequence starts a new group
-    ptr: int = 0
-    front: List[int] = field(default_factory=list)  # preempted sequences, re-admitted first (stack: last=first)
-    running: List[tuple] = field(default_factory=list)  # heap (finish_step, sid, epoch)
-    # (sid, epoch) per admission, in admission order (lazy; only with a KV budget): an entry is live while
-    # seq_epoch[sid] == epoch. A bare sid is not enough: a regenerated sequence runs again, maybe elsewhere
-    admitted: List[tuple] = field(default_factory=list)
-    n: int = 0
-    kv: float = 0.0  # resident KV at the current step boundary
-    reserved: float = 0.0  # reserve policy: sum of final KV of running sequences
-    step: int = 0
-    clock: float = 0.0
-    busy: float = 0.0
-    prefill: float = 0.0  # prefill tokens admitted at the current boundary
-    token: int = 0  # invalidates stale heap entries
-    held: bool = False  # head-of-line group refused by the gate
-    retry_at: float = INF
-    paused_until: float = 0.0
-    extra: float = 0.0  # pause time to add at the next advance
-    event_step: int = -1
-    event_time: float = INF
+def _empty_record(inp: InstanceInputs) -> InstanceTrace:
+    """The arrays the run fills in, as an InstanceTrace: every group placed as the plan says (on no instance
+    yet with a shared queue), nothing dispatched or finished. `busy` and `steps` are the instances' own
+    (`InstanceSim.trace` reads them)."""
+    G, n, m = inp.groups, inp.samples, len(inp.orders)
+    placement = np.full(G, -1, dtype=np.int64)
+    if not inp.shared_queue:
+        for j, order in enumerate(inp.orders):
+            placement[order] = j
+    return InstanceTrace(
+        n=n, group_instance=placement, group_dispatch=np.full(G, np.nan), group_finish=np.full(G, np.nan),
+        group_version=np.full(G, -1, dtype=np.int64), seq_start=np.full(G * n, np.nan),
+        seq_finish=np.full(G * n, np.nan), seq_version=np.full(G * n, -1, dtype=np.int64),
+        seq_preemptions=np.zeros(G * n, dtype=np.int64), group_regenerated=np.zeros(G, dtype=np.int64),
+        busy=np.zeros(m), steps=np.zeros(m, dtype=np.int64), end=np.zeros(m),
+        preemptions=np.zeros(m, dtype=np.int64), recompute_tokens=np.zeros(m, dtype=np.int64),
+        kv_peak=np.zeros(m, dtype=np.int64), steals=np.zeros(m, dtype=np.int64),
+        group_stolen=np.zeros(G, dtype=bool))
 
 
-class Cluster:
-    """All instances in one event loop, so a pipeline can interleave trainer events and gate dispatches.
+def _instances(inp: InstanceInputs, queues: List[Tuple[List[int], List[bool], float]], seqs: Sequences,
+               rec: InstanceTrace) -> List[Instance]:
+    """The instances, idle at time 0, each with its plan queue (`dispatcher.plan_queues`)."""
+    preempting = inp.kv_budget < INF and inp.kv_policy == "preempt"
+    return [Instance(index=j, iv=inp.intervals, kv_budget=inp.kv_budget, preempting=preempting,
+                     reserve=inp.kv_policy == "reserve", seqs=seqs, rec=rec, queue=queue, head=head)
+            for j, (queue, head, _) in enumerate(queues)]
 
-    Use: `c = Cluster(...)`; repeatedly `c.peek_time()` / `c.step()`, which processes the earliest instance
-    event and calls `on_group_done(g, t)` for every completed group; `c.version` is the policy version
-    stamped on admissions; `c.notify(t)` re-offers held groups at time t; `c.pause(t, d)` stops all instances
-    for d seconds (weight sync); `c.trace()` returns the InstanceTrace.
+
+# --------------------------------------------------------------------------------------------- the simulator
+class InstanceSim:
+    """The inference instances (vLLM engines) of a rollout, simulated in one event loop, so a pipeline can
+    interleave trainer events and gate dispatches.
+
+    Named for what it models: the instances and how groups reach them (plan queues, a shared queue, stealing,
+    the gate and the lag budget), not the devices around them; the device-level model of a run (device counts,
+    splits, trainer and sync times) is `sim.cluster.ClusterModel`.
+
+    Use: `s = InstanceSim(...)`; repeatedly `s.peek_time()` / `s.step()`, which processes the earliest instance
+    event and calls `on_group_done(g, t)` for every completed group; `s.version` is the policy version
+    stamped on admissions; `s.notify(t)` re-offers held groups at time t; `s.pause(t, d)` stops all instances
+    for d seconds (weight sync); `s.trace()` returns the InstanceTrace. `s.rec` is the trace being recorded.
     """
 
     def __init__(self, orders: Sequence[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
@@ -241,114 +142,27 @@ class Cluster:
                  kv_policy: str = "preempt", cost_scale: float = 1.0, work_stealing: bool = False,
                  steal_load: Optional[np.ndarray] = None, dispatch: str = "plan",
                  isolated: Optional[Sequence[int]] = None) -> None:
-        if dispatch not in DISPATCH:
-            raise ValueError(f"dispatch must be one of {DISPATCH}, got {dispatch!r}")
-        lengths = np.asarray(lengths)
-        if lengths.ndim != 2:
-            raise ValueError(f"lengths must be [G, n], got shape {lengths.shape}")
-        if np.any(lengths < 1):
-            raise ValueError("every response length must be >= 1 token")
-        self.G, self.nsamp = lengths.shape
-        self.L = lengths.astype(np.int64).ravel()
-        plens = np.asarray(prompt_lens, dtype=np.int64)
-        if plens.shape != (self.G,):
-            raise ValueError(f"prompt_lens must have shape ({self.G},), got {plens.shape}")
-        self.P = np.repeat(plens, self.nsamp)
-        if kv_policy not in ("preempt", "reserve"):
-            raise ValueError(f"kv_policy must be 'preempt' or 'reserve', got {kv_policy!r}")
-        self.B = int(spec.slots)
-        if self.B < 1:
-            raise ValueError("InstanceSpec.slots must be >= 1")
-        self.K = float(spec.kv_budget) if spec.kv_budget is not None else INF
-        if self.K < INF:
-            worst = int((self.P + self.L).max()) if self.G else 0
-            if worst + 1 > self.K:
-                raise ValueError(f"kv_budget {spec.kv_budget} is smaller than one sequence's prompt + response "
-                                 f"({worst} tokens): that sequence can never run")
-        self.kv_policy = kv_policy
-        self.iv = make_intervals(cost, cost_scale)
+        inp = check_instance_inputs(orders, lengths, prompt_lens, spec, cost, kv_policy=kv_policy,
+                                    cost_scale=cost_scale, steal_load=steal_load, dispatch=dispatch,
+                                    isolated=isolated)
+        self.inputs = inp
+        # what the event loop reads on every event, as plain attributes
+        self.G, self.nsamp, self.B, self.K = inp.groups, inp.samples, inp.slots, inp.kv_budget
+        self.kv_policy, self.iv = inp.kv_policy, inp.intervals
         self.gate = gate
         self.on_group_done = on_group_done
         self.version = 0
-        G, n = self.G, self.nsamp
-        self.group_instance = np.full(G, -1, dtype=np.int64)
-        self.group_dispatch = np.full(G, np.nan)
-        self.group_finish = np.full(G, np.nan)
-        self.group_version = np.full(G, -1, dtype=np.int64)
-        self.group_left = [n] * G
-        self.seq_start = np.full(G * n, np.nan)
-        self.seq_finish = np.full(G * n, np.nan)
-        self.seq_version = np.full(G * n, -1, dtype=np.int64)
-        self.seq_pre = np.zeros(G * n, dtype=np.int64)
-        self.regenerated = np.zeros(G, dtype=np.int64)
-        # plain lists: the hot loop indexes them one element at a time
-        self.seq_progress = [0] * (G * n)  # tokens generated before the current admission
-        self.seq_admit_step = [0] * (G * n)
-        self.seq_epoch = [0] * (G * n)  # odd while running; bumps invalidate stale heap entries
-        self._pl = self.P.tolist()
-        self._ll = self.L.tolist()
-        self.insts: List[_Inst] = []
-        self.preemptions = np.zeros(len(orders), dtype=np.int64)
-        self.recompute = np.zeros(len(orders), dtype=np.int64)
-        self.kv_peak = np.zeros(len(orders), dtype=np.int64)
-        self.end = np.zeros(len(orders))
-        self.work_stealing = bool(work_stealing)
-        if steal_load is None:
-            self._gload = [1.0] * G
-        else:
-            steal_load = np.asarray(steal_load, dtype=np.float64)
-            if steal_load.shape != (G,):
-                raise ValueError(f"steal_load must have shape ({G},), got {steal_load.shape}")
-            self._gload = steal_load.tolist()
-        self.steals = np.zeros(len(orders), dtype=np.int64)
-        self.group_stolen = np.zeros(G, dtype=bool)
-        self._qload = [0.0] * len(orders)  # load of each instance's not-started groups
-        self._inload = [0.0] * len(orders)  # load of each instance's dispatched, unfinished groups
-        seen = np.zeros(G, dtype=bool)
-        for j, order in enumerate(orders):
-            order = np.asarray(order, dtype=np.int64)
-            if len(order) and (order.min() < 0 or order.max() >= G):
-                raise ValueError(f"instance {j}: group index out of range [0, {G})")
-            if np.any(seen[order]):
-                raise ValueError(f"instance {j}: a group is placed twice")
-            seen[order] = True
-            self.group_instance[order] = j
-            sids = (order[:, None] * n + np.arange(n)[None, :]).ravel()
-            head = np.zeros(len(sids), dtype=bool)
-            head[::n] = True
-            self.insts.append(_Inst(queue=sids.tolist(), head=head.tolist()))
-            self._qload[j] = float(sum(self._gload[g] for g in order.tolist()))
-        self.dispatch = dispatch
-        self._fifo: List[int] = []  # fifo dispatch: groups in dataset order, taken from _fifo_ptr on
-        self._fifo_ptr = 0
-        if dispatch == "shared":
-            self._fifo = [int(g) for g in shared_queue_order(orders)]
-            self.dispatch = dispatch = "fifo"  # from here on a shared queue like fifo's, in the plan's order
-        elif dispatch == "fifo":
-            self._fifo = np.flatnonzero(seen).tolist()
-        if dispatch == "fifo":
-            self.group_instance[:] = -1
-            for j, ins in enumerate(self.insts):
-                ins.queue, ins.head, self._qload[j] = [], [], 0.0
-        self._heap: List[tuple] = []
+        self.rec = _empty_record(inp)
+        self.seqs = Sequences.fresh(inp)
+        queues = plan_queues(inp)
+        self.insts = _instances(inp, queues, self.seqs, self.rec)
+        self.dispatcher = GroupDispatcher(inp, self.insts, [load for _, _, load in queues], self.rec,
+                                          work_stealing)
+        self._heap: List[tuple] = []  # (time, seq, instance, token): an entry is live while token matches
         self._seq = 0
         self._started = False
-        # lag budget dealing (see the module doc): set `budget` (and `group_capacity`) before the first step
-        self.budget: Optional[Callable[[], float]] = None
-        self.group_capacity: Optional[int] = None
-        m = len(self.insts)
-        self.granted = [0] * m  # groups instance j may still open under the budget
-        self._infl = [0] * m  # groups opened on instance j and not finished
-        self._isolated = [False] * self.G  # groups the plan isolated (policy.may_steal)
-        for g in (isolated if isolated is not None else ()):
-            if not 0 <= int(g) < self.G:
-                raise ValueError(f"isolated group {g} outside [0, {self.G})")
-            self._isolated[int(g)] = True
-        self._iso_n = [0] * m  # isolated groups in flight on instance j
-        self._qn = [len(ins.queue) // n for ins in self.insts]  # not-started groups in instance j's own queue
-        self._unbounded = False  # the budget covers every group from the start: no dealing
 
-    # ------------------------------------------------------------------ public loop
+    # ------------------------------------------------------------------ the event loop
     def start(self, t: float = 0.0) -> None:
         """Admit the first sequences of every instance at time t."""
         if self._started:
@@ -356,37 +170,42 @@ class Cluster:
         self._started = True
         for ins in self.insts:
             ins.clock = t
-        self._check_unbounded()
-        if self._granting:
-            self._deal(t, wake=False)
+        self.dispatcher.check_unbounded()
+        if self.dispatcher.granting:
+            self.dispatcher.deal()  # the instances admit just below, in the policy's order
         for j in self._wake_order(range(len(self.insts))):
             self._admit_and_schedule(j)
 
     def peek_time(self) -> float:
-        self.start()
+        """Time of the earliest pending instance event (inf when none), dropping superseded ones."""
+        if not self._started:  # (a check, not a call: this runs on every event)
+            self.start()
         h = self._heap
         while h:
             t, _, j, tok = h[0]
             if tok == self.insts[j].token:
                 return t
-            heapq.heappop(h)
+            heappop(h)
         return INF
 
     def step(self) -> float:
-        """Process the earliest instance event; returns its time (inf when nothing is pending)."""
+        """Process the earliest instance event; returns its time (inf when nothing is pending).
+
+        The event is a retry (`_on_retry`) or a step boundary: the instance steps there (`Instance.advance`),
+        retires what is due (`_finish_due`), deals the budget the completed groups freed (it admits just
+        below, so it is not woken), then admits and schedules its next event (`_admit_and_schedule`). The
+        boundary is handled inline, not in a method of its own: this runs once per event."""
         t = self.peek_time()
         if t == INF:
             return t
-        _, _, j, _ = heapq.heappop(self._heap)
+        j = heappop(self._heap)[2]
         ins = self.insts[j]
-        if ins.event_step < 0:  # retry of a held/paused idle instance
-            ins.clock = max(ins.clock, t)
-            ins.retry_at = INF
-            self._admit_and_schedule(j)
+        if ins.event_step < 0:
+            self._on_retry(j, t)
             return t
-        self._advance(j, ins.event_step)
-        if self._finish_due(j) and self._granting:
-            self._deal(t, skip=j)  # freed group capacity may take budget left over; j admits just below
+        ins.advance(ins.event_step)
+        if self._finish_due(j, ins) and self.dispatcher.granting:
+            self._deal(t, skip=j)
         self._admit_and_schedule(j)
         return t
 
@@ -395,6 +214,14 @@ class Cluster:
         while self.step() < INF:
             pass
 
+    def _on_retry(self, j: int, t: float) -> None:
+        """The retry time of a held or paused idle instance came: admit from there."""
+        ins = self.insts[j]
+        ins.clock = max(ins.clock, t)
+        ins.retry_at = INF
+        self._admit_and_schedule(j)
+
+    # ------------------------------------------------------------------ what the pipeline drives
     def notify(self, t: float) -> None:
         """Re-offer held groups at time t (the gate's answer may have changed, e.g. a new version).
 
@@ -404,10 +231,10 @@ class Cluster:
         take all the admission budget and starve the others. Under a bounded lag budget the new budget is
         dealt out group by group instead (`_deal`) and only the instances granted a group are woken.
         """
-        if self._granting:
+        if self.dispatcher.granting:
             self._deal(t)
             return
-        elsewhere = self.work_stealing or self.dispatch == "fifo"
+        elsewhere = self.dispatcher.takes_elsewhere
         cands = [j for j, ins in enumerate(self.insts) if ins.held or (elsewhere and self._idle_empty(ins))]
         for j in self._wake_order(cands):
             ins = self.insts[j]
@@ -417,59 +244,23 @@ class Cluster:
             elif self._idle_empty(ins):
                 self._wake(j, t)
 
-    @staticmethod
-    def _idle_empty(ins: "_Inst") -> bool:
-        return ins.n == 0 and not ins.front and ins.ptr >= len(ins.queue)
-
-    def _wake_order(self, cands) -> List[int]:
-        offered = offer_order([ins.n for ins in self.insts], cands)
-        return wake_order(offered, [ins.ptr < len(ins.queue) or bool(ins.front) for ins in self.insts])
-
-    def _wake(self, j: int, t: float) -> None:
-        """Let instance j admit at time t: now if idle, else at its first step boundary at or after t."""
-        ins = self.insts[j]
-        t_eff = max(t, ins.paused_until)
-        if ins.n == 0:
-            ins.clock = max(ins.clock, t_eff)
-            self._admit_and_schedule(j)
-            return
-        rel = t_eff - ins.clock - ins.extra
-        d = self.iv.steps_to_reach(ins.n, ins.kv, ins.prefill, rel) if rel > 0 else 0
-        if d == 0 or ins.step + d < ins.event_step:
-            if d > 0:
-                self._advance(j, ins.step + d)
-            self._admit_and_schedule(j)
-
     def requeue(self, g: int, t: float) -> int:
         """Regenerate finished group g from scratch (a stale group): its n samples go to the head of the waiting
         queue of the least-loaded instance at time t, as a new dispatch (the gate applies again). Returns the
         instance. The first generation's work stays in the busy time: it was spent."""
-        if self.group_left[g] != 0:
+        seqs = self.seqs
+        if seqs.group_left[g] != 0:
             raise ValueError(f"group {g} is still generating; only finished groups can be regenerated")
         n = self.nsamp
         for sid in range(g * n, (g + 1) * n):
-            self.seq_progress[sid] = 0
-        self.group_left[g] = n
-        self.group_finish[g] = np.nan
-        self.regenerated[g] += 1
-        if self.dispatch == "fifo":  # back to the front of the shared queue (the runtime's fifo.appendleft)
-            if self._fifo_ptr > 0:
-                self._fifo_ptr -= 1
-                self._fifo[self._fifo_ptr] = g
-            else:
-                self._fifo.insert(0, g)
-            self.group_instance[g] = -1
+            seqs.progress[sid] = 0
+        seqs.group_left[g] = n
+        self.rec.group_finish[g] = np.nan
+        self.rec.group_regenerated[g] += 1
+        j = self.dispatcher.requeue(g)
+        if j < 0:  # the shared queue: whoever is offered work first takes it
             self.notify(t)
-            return -1
-        loads = [self._qload[k] + self._inload[k] for k in range(len(self.insts))]
-        j = lightest(loads, range(len(self.insts)))
-        ins = self.insts[j]
-        ins.queue[ins.ptr:ins.ptr] = list(range(g * n, (g + 1) * n))
-        ins.head[ins.ptr:ins.ptr] = [True] + [False] * (n - 1)
-        self._qload[j] += self._gload[g]
-        self._qn[j] += 1
-        self.group_instance[g] = j
-        if self._granting:
+        elif self.dispatcher.granting:
             self._deal(t)
         else:
             self._wake(j, t)
@@ -489,158 +280,90 @@ class Cluster:
                 self._push_retry(j, until)
 
     def unfinished_groups(self) -> int:
-        return sum(1 for x in self.group_left if x > 0)
+        """Groups with a sequence still to generate."""
+        return sum(1 for x in self.seqs.group_left if x > 0)
 
     def trace(self) -> InstanceTrace:
+        """A copy of the record so far, with each instance's busy time and steps."""
+        rec = self.rec
         busy = np.array([ins.busy for ins in self.insts])
         steps = np.array([ins.step for ins in self.insts], dtype=np.int64)
         return InstanceTrace(
-            n=self.nsamp, group_instance=self.group_instance.copy(), group_dispatch=self.group_dispatch.copy(),
-            group_finish=self.group_finish.copy(), group_version=self.group_version.copy(),
-            seq_start=self.seq_start.copy(), seq_finish=self.seq_finish.copy(),
-            seq_version=self.seq_version.copy(), seq_preemptions=self.seq_pre.copy(),
-            group_regenerated=self.regenerated.copy(), busy=busy, steps=steps,
-            end=self.end.copy(), preemptions=self.preemptions.copy(), recompute_tokens=self.recompute.copy(),
-            kv_peak=self.kv_peak.copy(), steals=self.steals.copy(), group_stolen=self.group_stolen.copy())
+            n=rec.n, group_instance=rec.group_instance.copy(), group_dispatch=rec.group_dispatch.copy(),
+            group_finish=rec.group_finish.copy(), group_version=rec.group_version.copy(),
+            seq_start=rec.seq_start.copy(), seq_finish=rec.seq_finish.copy(), seq_version=rec.seq_version.copy(),
+            seq_preemptions=rec.seq_preemptions.copy(), group_regenerated=rec.group_regenerated.copy(), busy=busy,
+            steps=steps, end=rec.end.copy(), preemptions=rec.preemptions.copy(),
+            recompute_tokens=rec.recompute_tokens.copy(), kv_peak=rec.kv_peak.copy(), steals=rec.steals.copy(),
+            group_stolen=rec.group_stolen.copy())
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ waking instances
+    @staticmethod
+    def _idle_empty(ins: Instance) -> bool:
+        return ins.n == 0 and not ins.front and ins.ptr >= len(ins.queue)
+
+    def _wake_order(self, cands) -> List[int]:
+        offered = offer_order([ins.n for ins in self.insts], cands)
+        return wake_order(offered, [ins.ptr < len(ins.queue) or bool(ins.front) for ins in self.insts])
+
+    def _wake(self, j: int, t: float) -> None:
+        """Let instance j admit at time t: now if idle, else at its first step boundary at or after t."""
+        ins = self.insts[j]
+        t_eff = max(t, ins.paused_until)
+        if ins.n == 0:
+            ins.clock = max(ins.clock, t_eff)
+            self._admit_and_schedule(j)
+            return
+        rel = t_eff - ins.clock - ins.extra
+        d = self.iv.steps_to_reach(ins.n, ins.kv, ins.prefill, rel) if rel > 0 else 0
+        if d == 0 or ins.step + d < ins.event_step:
+            if d > 0:
+                ins.advance(ins.step + d)
+            self._admit_and_schedule(j)
+
+    def _deal(self, t: float, skip: int = -1) -> None:
+        """Deal the lag budget not granted yet (`GroupDispatcher.deal`) and wake the instances granted a group,
+        in the order of their first grant; not `skip`, which is at its step boundary and admits next."""
+        for j in self.dispatcher.deal():
+            if j != skip:
+                self.insts[j].held = False
+                self._wake(j, t)
+
+    # ------------------------------------------------------------------ stepping and retiring
     def _push(self, j: int, t: float, step: int) -> None:
         ins = self.insts[j]
         ins.token += 1
         ins.event_step = step
         ins.event_time = t
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, j, ins.token))
+        heappush(self._heap, (t, self._seq, j, ins.token))
 
     def _push_retry(self, j: int, t: float) -> None:
         ins = self.insts[j]
         ins.retry_at = t
         self._push(j, t, -1)
 
-    def _advance(self, j: int, to_step: int) -> None:
-        ins = self.insts[j]
-        d = to_step - ins.step
-        if d <= 0:
-            return
-        dt = self.iv.interval(ins.n, ins.kv, d, ins.prefill)
-        ins.clock += dt + ins.extra
-        ins.extra = 0.0
-        ins.busy += dt
-        ins.kv += ins.n * d
-        ins.step = to_step
-        ins.prefill = 0.0
-        self.end[j] = ins.clock
-
-    def _finish_due(self, j: int) -> int:
-        ins = self.insts[j]
-        run = ins.running
-        step = ins.step
+    def _finish_due(self, j: int, ins: Instance) -> int:
+        """Retire instance j's (`ins`) sequences due at its step, close the groups they complete, then preempt
+        if the next step overflows the KV budget. Returns how many groups completed."""
         clock = ins.clock
-        epoch, pl, ll = self.seq_epoch, self._pl, self._ll
-        left, nsamp = self.group_left, self.nsamp
-        reserve = self.kv_policy == "reserve"
-        pop = heapq.heappop
-        n, kv = ins.n, ins.kv
-        done = []
-        while run and run[0][0] <= step:
-            _, sid, ep = pop(run)
-            if ep != epoch[sid]:
-                continue
-            epoch[sid] = ep + 1  # no longer running
-            n -= 1
-            final = pl[sid] + ll[sid]
-            kv -= final
-            if reserve:
-                ins.reserved -= final
-            self.seq_finish[sid] = clock
-            g = sid // nsamp
-            left[g] -= 1
-            if left[g] == 0:
-                done.append(g)
-        ins.n, ins.kv = n, kv
-        infl = self._infl
-        for g in done:
-            self.group_finish[g] = clock
-            self._inload[j] -= self._gload[g]
-            infl[j] -= 1
-            if self._isolated[g]:
-                self._iso_n[j] -= 1
-            if self.on_group_done is not None:
-                self.on_group_done(g, clock)
-        if self.K < INF and self.kv_policy == "preempt" and ins.kv + ins.n > self.K:
-            self._preempt(j)
+        done = ins.retire_due()
+        if done:
+            self._close_groups(j, done, clock)
+        if ins.preempting and ins.kv + ins.n > ins.kv_budget:
+            ins.preempt()
         return len(done)
 
-    def _preempt(self, j: int) -> None:
-        """Preempt the most recently admitted sequences until the next step fits (recompute later)."""
-        ins = self.insts[j]
-        admitted, epoch = ins.admitted, self.seq_epoch
-        while ins.kv + ins.n > self.K and admitted:
-            sid, ep = admitted[-1]
-            if epoch[sid] != ep:
-                # that admission ended: finished, preempted, or its group was regenerated and the sequence
-                # admitted again (possibly on another instance, whose state it belongs to now)
-                admitted.pop()
-                continue
-            if ins.n <= 1:
-                break
-            admitted.pop()
-            prog = self.seq_progress[sid] + (ins.step - self.seq_admit_step[sid])
-            epoch[sid] = ep + 1  # invalidates its heap and admission entries
-            self.seq_progress[sid] = prog
-            ins.n -= 1
-            ins.kv -= self._pl[sid] + prog
-            self.seq_pre[sid] += 1
-            self.preemptions[j] += 1
-            ins.front.append(sid)
+    def _close_groups(self, j: int, done: List[int], clock: float) -> None:
+        """Record the groups instance j completed at `clock`, release what they held, tell `on_group_done`."""
+        group_finish, closed = self.rec.group_finish, self.dispatcher.closed
+        for g in done:
+            group_finish[g] = clock
+            closed(j, g)
+            if self.on_group_done is not None:
+                self.on_group_done(g, clock)
 
     # ------------------------------------------------------------------ admission
-    def _source(self, j: int) -> int:
-        """Where instance j's next group comes from when its own queue is empty: the shared FIFO, the victim
-        of a steal (the policy's most loaded queue with a whole not-started group at its tail), or nowhere."""
-        if self.dispatch == "fifo":
-            return _FIFO if self._fifo_ptr < len(self._fifo) else _NONE
-        if not self.work_stealing or not may_steal(self._iso_n[j]):
-            return _NONE
-        nsamp = self.nsamp
-        cands = []
-        for v, other in enumerate(self.insts):
-            start = len(other.queue) - nsamp
-            # a partly admitted group is never split
-            if v != j and start >= other.ptr and start >= 0 and other.head[start]:
-                cands.append(v)
-        v = steal_victim(self._qload, cands)
-        return _NONE if v < 0 else v
-
-    def _source_head(self, src: int) -> int:
-        """First sequence of the group `src` would hand over (not moved yet)."""
-        if src == _FIFO:
-            return self._fifo[self._fifo_ptr] * self.nsamp
-        return self.insts[src].queue[-self.nsamp]
-
-    def _take_group(self, j: int, src: int) -> None:
-        """Move the group `src` hands over to the end of instance j's (empty) queue."""
-        nsamp, ins = self.nsamp, self.insts[j]
-        if src == _FIFO:
-            g = self._fifo[self._fifo_ptr]
-            self._fifo_ptr += 1
-            sids = list(range(g * nsamp, (g + 1) * nsamp))
-        else:
-            victim = self.insts[src]
-            sids = victim.queue[-nsamp:]
-            del victim.queue[-nsamp:]
-            del victim.head[-nsamp:]
-            g = sids[0] // nsamp
-            self._qload[src] -= self._gload[g]
-            self._qn[src] -= 1
-            self.group_stolen[g] = True
-            self.steals[j] += 1
-        self._qload[j] += self._gload[g]
-        self._qn[j] += 1
-        ins.queue.extend(sids)
-        ins.head.extend([True] + [False] * (nsamp - 1))
-        self.group_instance[g] = j
-
     def _open_group(self, j: int, src: int, g: int, now: float, n: int, ptr: int) -> int:
         """Ask the gate for group g (own head, or from `src`); if admitted, take it and stamp its dispatch.
 
@@ -648,8 +371,9 @@ class Cluster:
         instance is idle: `_RETRY`, the caller returns at once). Under a bounded lag budget an instance with
         no group granted is held without asking the gate.
         """
-        granting = self._granting
-        if granting and self.granted[j] <= 0:
+        d = self.dispatcher
+        granting = d.granting
+        if granting and d.granted[j] <= 0:
             self.insts[j].held = True
             return _HELD
         if self.gate is not None:
@@ -664,133 +388,56 @@ class Cluster:
                         return _RETRY
                     ins.retry_at = ans
                 return _HELD
-        if src != _OWN:
-            self._take_group(j, src)
-        self.group_dispatch[g] = now
-        self.group_version[g] = self.version
-        self._qload[j] -= self._gload[g]
-        self._inload[j] += self._gload[g]
-        self._qn[j] -= 1
-        self._infl[j] += 1
-        if self._isolated[g]:
-            self._iso_n[j] += 1
-        if granting:
-            self.granted[j] -= 1
+        if src != OWN:
+            d.take_group(j, src)
+        self.rec.group_dispatch[g] = now
+        self.rec.group_version[g] = self.version
+        d.opened(j, g, granting)
         return _ADMITTED
 
-    # ------------------------------------------------------------------ lag budget dealing
-    @property
-    def _granting(self) -> bool:
-        return self.budget is not None and not self._unbounded
-
-    def _check_unbounded(self) -> None:
-        """At the start: no dealing at all when the budget covers every group (the gate never binds: opening a
-        group uses one unit of budget and one pending group alike), so an unbounded run admits as before."""
-        if self.budget is None or self._unbounded:
-            return
-        pending = len(self._fifo) - self._fifo_ptr + sum(self._qn)
-        if self.budget() >= pending:
-            self._unbounded = True
-            self.granted = [0] * len(self.insts)
-
-    def _deal(self, t: float, skip: int = -1, wake: bool = True) -> None:
-        """Deal the budget not granted yet one group at a time, as the runtime's `Dispatcher.fill` does: to the
-        instance with work of its own, else a thief (stealing) or anyone (fifo), with the fewest groups in flight
-        or granted, then index, below `group_capacity`. Wake the instances granted a group (not `skip`, which is
-        at its step boundary and admits next), in the order of their first grant."""
-        granted = self.granted
-        left = int(self.budget()) - sum(granted)
-        if left <= 0:
-            return
-        m, cap = len(self.insts), self.group_capacity
-        fifo = self.dispatch == "fifo"
-        load = [self._infl[k] + granted[k] for k in range(m)]
-        pool = len(self._fifo) - self._fifo_ptr - sum(granted) if fifo else 0
-        own = [0] * m if fifo else [max(0, self._qn[k] - granted[k]) for k in range(m)]
-
-        def key(k: int) -> tuple:
-            return (0 if own[k] > 0 else 1, load[k], k)  # wake_order over offer_order
-
-        heap = [key(k) for k in range(m) if cap is None or load[k] < cap]
-        heapq.heapify(heap)
-        woken: List[int] = []
-        while left > 0 and heap:
-            top = heapq.heappop(heap)
-            j = top[2]
-            if top != key(j) or (cap is not None and load[j] >= cap):
-                continue  # stale entry
-            if fifo:
-                if pool <= 0:
-                    break
-                pool -= 1
-            elif own[j] > 0:
-                own[j] -= 1
-            elif self.work_stealing:
-                if not may_steal(self._iso_n[j]):
-                    continue  # off the heap for this deal: it is offered work again at the next one
-                v = steal_victim(own, [k for k in range(m) if k != j and own[k] > 0])
-                if v < 0:
-                    break
-                own[v] -= 1
-                heapq.heappush(heap, key(v))
-            else:
-                break
-            granted[j] += 1
-            load[j] += 1
-            left -= 1
-            if cap is None or load[j] < cap:
-                heapq.heappush(heap, key(j))
-            if j not in woken:
-                woken.append(j)
-        if not wake:
-            return
-        for j in woken:
-            if j != skip:
-                self.insts[j].held = False
-                self._wake(j, t)
-
     def _admit_and_schedule(self, j: int) -> None:
+        """Admit at instance j's boundary and push its next event; a paused idle instance retries when the
+        pause ends instead."""
         ins = self.insts[j]
         if ins.clock < ins.paused_until and ins.n == 0:
             self._push_retry(j, ins.paused_until)
             return
         if self._admit(j):
-            self._schedule_next_event(j)
+            event = ins.next_event()
+            if event is not None:
+                self._push(j, event[0], event[1])
 
     def _admit(self, j: int) -> bool:
         """Fill instance j's free slots at its step boundary: preempted sequences first, then its own queue in
-        plan order, then groups from elsewhere (`_source`). False when it returned early on a gate retry."""
-        ins = self.insts[j]
-        now = ins.clock
-        B, K = self.B, self.K
-        bounded = K < INF
-        reserve = self.kv_policy == "reserve"
-        q, head = ins.queue, ins.head
+        plan order, then groups from elsewhere (`GroupDispatcher.source`). False when it returned early on a
+        gate retry (the retry is its next event)."""
+        ins, rec, d = self.insts[j], self.rec, self.dispatcher
+        now, B, K, nsamp, version = ins.clock, self.B, self.K, self.nsamp, self.version
+        bounded, reserve = K < INF, self.kv_policy == "reserve"
+        q, head, running, front, step = ins.queue, ins.head, ins.running, ins.front, ins.step
         nq = len(q)
-        pl, ll, epoch, admit_step = self._pl, self._ll, self.seq_epoch, self.seq_admit_step
-        running, front = ins.running, ins.front
-        push = heapq.heappush
-        step, version, nsamp = ins.step, self.version, self.nsamp
+        seqs = self.seqs
+        pl, ll, epoch, admit_step = seqs.prompt, seqs.response, seqs.epoch, seqs.admit_step
+        seq_start, seq_version = rec.seq_start, rec.seq_version
         n, kv, prefill, ptr = ins.n, ins.kv, ins.prefill, ins.ptr
-        seq_start, seq_version = self.seq_start, self.seq_version
         while n < B:
             if front:
                 sid = front[-1]
-                prog = self.seq_progress[sid]
+                prog = seqs.progress[sid]
                 need = pl[sid] + prog
                 if bounded and kv + n + need + 1 > K:
                     break
                 front.pop()
-                self.recompute[j] += prog
+                rec.recompute_tokens[j] += prog
             else:
-                src = _OWN if ptr < nq else self._source(j)
-                if src == _NONE:
+                src = OWN if ptr < nq else d.source(j)
+                if src == NOWHERE:
                     break
-                sid = q[ptr] if src == _OWN else self._source_head(src)
+                sid = q[ptr] if src == OWN else d.source_head(src)
                 need = pl[sid]
                 if bounded and (ins.reserved + need + ll[sid] > K if reserve else kv + n + need + 1 > K):
                     break
-                if src != _OWN or head[ptr]:
+                if src != OWN or head[ptr]:
                     verdict = self._open_group(j, src, sid // nsamp, now, n, ptr)
                     if verdict == _RETRY:
                         return False
@@ -812,37 +459,11 @@ class Cluster:
                 ins.reserved += pl[sid] + ll[sid]
             if bounded:
                 ins.admitted.append((sid, ep))
-            push(running, (step + ll[sid] - prog, sid, ep))
+            heappush(running, (step + ll[sid] - prog, sid, ep))
         ins.n, ins.kv, ins.prefill, ins.ptr = n, kv, prefill, ptr
-        if kv > self.kv_peak[j]:
-            self.kv_peak[j] = int(kv)
+        if kv > rec.kv_peak[j]:
+            rec.kv_peak[j] = int(kv)
         return True
-
-    def _schedule_next_event(self, j: int) -> None:
-        """Push instance j's next event: the earliest finish, a KV overflow, or a pending gate retry."""
-        ins = self.insts[j]
-        n, kv, prefill, step, now = ins.n, ins.kv, ins.prefill, ins.step, ins.clock
-        if n == 0:
-            ins.event_time = INF
-            ins.event_step = -1
-            ins.token += 1
-            return
-        running, epoch = ins.running, self.seq_epoch
-        while running and running[0][2] != epoch[running[0][1]]:
-            heapq.heappop(running)
-        ev = running[0][0]
-        if self.K < INF and self.kv_policy != "reserve":
-            # overflow when kv + n*d + n > K, i.e. at the first d with d > (K - kv - n) / n
-            d_over = int(math.floor((self.K - kv - n) / n)) + 1
-            ev = min(ev, step + max(d_over, 1))
-        if ins.retry_at < INF:
-            rel = ins.retry_at - now
-            d = self.iv.steps_to_reach(n, kv, prefill, rel) if rel > 0 else 1
-            ev = min(ev, step + max(d, 1))
-            ins.retry_at = INF
-            ins.held = False
-        t = now + self.iv.interval(n, kv, ev - step, prefill) + ins.extra
-        self._push(j, t, ev)
 
 
 def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_lens: np.ndarray,
@@ -864,11 +485,11 @@ def simulate_instances(orders: List[np.ndarray], lengths: np.ndarray, prompt_len
         def gate(g: int, now: float) -> Optional[float]:
             r = float(release(g))
             return None if r <= now else r
-    cl = Cluster(orders, lengths, prompt_lens, spec, cost, gate=gate, kv_policy=kv_policy,
-                 cost_scale=cost_scale, work_stealing=work_stealing, steal_load=steal_load, dispatch=dispatch,
-                 isolated=isolated)
-    cl.run()
-    left = cl.unfinished_groups()
+    sim = InstanceSim(orders, lengths, prompt_lens, spec, cost, gate=gate, kv_policy=kv_policy,
+                      cost_scale=cost_scale, work_stealing=work_stealing, steal_load=steal_load, dispatch=dispatch,
+                      isolated=isolated)
+    sim.run()
+    left = sim.unfinished_groups()
     if left:
         raise RuntimeError(f"{left} groups never finished (placed on no instance?)")
-    return cl.trace()
+    return sim.trace()

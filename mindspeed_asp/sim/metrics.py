@@ -41,7 +41,7 @@ def _solo_times(lengths: np.ndarray, prompt_lens: np.ndarray, cost, scale: float
     P = np.broadcast_to(np.asarray(prompt_lens, dtype=np.float64)[:, None], L.shape)
     if isinstance(cost, CostModel):
         return scale * cost.solo_time(L, P)
-    from mindspeed_asp.sim.engine import make_intervals
+    from mindspeed_asp.sim.step_cost import make_intervals
 
     iv = make_intervals(cost, scale)
     out = np.empty(L.shape)

@@ -43,7 +43,7 @@ from mindspeed_asp.fluid import group_moments
 from mindspeed_asp.metrics import (DeviceCount, colocated_devices, e2e_tps, generation_padding, lag_stats,
                                    skewness, split_devices, tail_share)
 from mindspeed_asp.sim import metrics as mx
-from mindspeed_asp.sim.engine import DISPATCH, INF, Cluster, InstanceTrace
+from mindspeed_asp.sim.engine import DISPATCH, INF, InstanceSim, InstanceTrace
 from mindspeed_asp.sim.train_time import TrainerModel
 
 MODES = ("stream", "stock", "single")
@@ -99,7 +99,7 @@ class _Trainer:
     """
 
     def __init__(self, trainer: TrainerModel, max_lag: int, stale_policy: str, sync_time: float,
-                 pause: bool, cl: Cluster, G: int, tokens_per_sample: np.ndarray,
+                 pause: bool, cl: InstanceSim, G: int, tokens_per_sample: np.ndarray,
                  tags: Optional[np.ndarray]) -> None:
         self.t = trainer
         self.M = trainer.minibatch
@@ -136,7 +136,7 @@ class _Trainer:
         return INF
 
     def group_done(self, g: int, t: float) -> None:
-        v = int(self.cl.group_version[g])
+        v = int(self.cl.rec.group_version[g])
         self.lag.on_finished(v)
         self.finished += 1
         tag = None if self.tags is None else self.tags[g]
@@ -176,12 +176,12 @@ class _Trainer:
         groups = np.array([g for _, g in items], dtype=np.int64)
         n = self.cl.nsamp
         sids = (groups[:, None] * n + np.arange(n)[None, :]).ravel()
-        lag = self.version - self.cl.seq_version[sids]
+        lag = self.version - self.cl.rec.seq_version[sids]
         toks = self.tok.ravel()[sids]
         tokens = float(toks.sum())
         dur = self.t.train_time(tokens)
         self.busy = True
-        self.rec["ready"].append(float(self.cl.group_finish[groups].max()))
+        self.rec["ready"].append(float(self.cl.rec.group_finish[groups].max()))
         self.rec["start"].append(now)
         self.rec["finish"].append(now + dur)
         self.rec["groups"].append(len(items))
@@ -281,14 +281,14 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {DISPATCH}, got {dispatch!r}")
     spec, orders, scale, m_eff = _instances(problem, assignment, mode, single_scaling)
-    if dispatch == "plan" and assignment.shared and mode != "single":
-        dispatch = "shared"  # the plan's order from one queue, least-loaded (no stealing: nothing is pinned)
+    # a shared plan: the plan's order from one queue, least-loaded (no stealing: nothing is pinned)
+    queue_kind = "shared" if dispatch == "plan" and assignment.shared and mode != "single" else dispatch
     steal = (mode == "stream") if work_stealing is None else bool(work_stealing)
-    steal = steal and mode != "single" and problem.instances > 1 and dispatch == "plan"
+    steal = steal and mode != "single" and problem.instances > 1 and queue_kind == "plan"
     P = np.asarray(problem.prompts.prompt_lens, dtype=np.int64)
-    cl = Cluster(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, work_stealing=steal,
-                 steal_load=_steal_load(problem) if steal else None, dispatch=dispatch,
-                 isolated=assignment.isolated if steal else None)
+    cl = InstanceSim(orders, L, P, spec, problem.cost, kv_policy=kv_policy, cost_scale=scale, work_stealing=steal,
+                     steal_load=_steal_load(problem) if steal else None, dispatch=queue_kind,
+                     isolated=assignment.isolated if steal else None)
     tok = L + P[:, None]  # prompt + response tokens per sample
     if mode == "stream":
         run = _run_stream(cl, assignment, trainer, tok, max_lag, stale_policy, sync_time, sync_pauses_rollout,
@@ -351,7 +351,7 @@ def _instances(problem: PlanningProblem, assignment: Assignment, mode: str,
     return spec, [np.sort(np.concatenate(orders))], 1.0 / s, 1
 
 
-def _run_stream(cl: Cluster, assignment: Assignment, trainer: TrainerModel, tok: np.ndarray, max_lag: int,
+def _run_stream(cl: InstanceSim, assignment: Assignment, trainer: TrainerModel, tok: np.ndarray, max_lag: int,
                 stale_policy: str, sync_time: float, sync_pauses_rollout: bool,
                 group_capacity: Optional[int] = None) -> _Run:
     """The instances and the streaming trainer in one event loop (trainer events first on ties)."""
@@ -363,9 +363,9 @@ def _run_stream(cl: Cluster, assignment: Assignment, trainer: TrainerModel, tok:
     # instance (runtime/driver.py: ceil(slots / n) + 1)
     if group_capacity is not None and int(group_capacity) < 1:
         raise ValueError(f"group_capacity must be >= 1, got {group_capacity}")
-    cl.budget = lambda: tr.lag.budget(tr.version)
-    cl.group_capacity = (max(1, math.ceil(cl.B / cl.nsamp)) + 1 if group_capacity is None
-                         else int(group_capacity))
+    cl.dispatcher.budget = lambda: tr.lag.budget(tr.version)
+    cl.dispatcher.group_capacity = (max(1, math.ceil(cl.B / cl.nsamp)) + 1 if group_capacity is None
+                                    else int(group_capacity))
     cl.on_group_done = tr.group_done
     while True:
         ti, tt = cl.peek_time(), tr.peek()
@@ -385,7 +385,7 @@ def _run_stream(cl: Cluster, assignment: Assignment, trainer: TrainerModel, tok:
                 total_time=float(rec["sync_end"][-1]), syncs=len(rec["sync_end"]))
 
 
-def _run_barrier(cl: Cluster, trainer: TrainerModel, tok: np.ndarray, sync_time: float) -> _Run:
+def _run_barrier(cl: InstanceSim, trainer: TrainerModel, tok: np.ndarray, sync_time: float) -> _Run:
     """MindSpeed-RL's iteration: the whole window rolls out, then ceil(G/M) minibatches train in the policy's
     order (a single version, so arrival = completion order), then one weight sync."""
     cl.run()
