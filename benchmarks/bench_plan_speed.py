@@ -5,7 +5,7 @@
 For each size (samples = groups * n, n = 8) it times, on a seeded synthetic RL workload with 3 epochs of
 history: the HistoryEstimator, the ASP planner over the whole epoch as one window (the worst case: one
 planning problem), the same epoch cut into iterations of 1024 groups (selection of theta/eps by scenarios
-on every window), and writing the Parquet plan. It also times the two targets of the issue: 100,000 groups
+on every window), and writing the Parquet plan. It also times the two speed targets: 100,000 groups
 x 64 instances (<= 10 s) and 1,000 groups x 8 instances (<= 0.2 s), and prints the growth exponent
 d log(time) / d log(size) between consecutive sizes. Single-threaded BLAS is forced before numpy loads.
 """

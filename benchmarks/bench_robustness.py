@@ -1,4 +1,4 @@
-"""Issue-9 benchmark: is ASP ever behind a simple baseline on workload kinds it has not seen? (the "Done when")
+"""Robustness benchmark: is ASP ever behind a simple baseline on workload kinds it has not seen?
 
 Run from the repository root:
 
@@ -29,7 +29,7 @@ and, per regime, the planner's predicted e2e (its own scoring of the chosen plan
 Resumable: every finished (kind, seed) unit is appended to `<out>/progress.jsonl` under a key that includes
 the settings; a re-run with the same settings skips it (`--fresh` starts over). `--jobs 2` runs units in
 parallel processes. The results JSON (benchmarks/_results.py) feeds docs/benchmarks.md, section
-"Robustness on unseen workload kinds (issue 9)", through benchmarks/render_docs.py.
+"Robustness on unseen workload kinds", through benchmarks/render_docs.py.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ ORACLE_BASELINES = ("oracle_lpt", "oracle_verl_kk")
 STOCK = "stock@stock"  # the stock pipeline: stock planner, synchronous barrier mode, no stealing
 STREAM_PLANNERS = ("asp", "oracle_asp") + tuple(p for p in NON_ORACLE if p != "async") + ORACLE_BASELINES
 KV_RHO_STOCK = (0.1, 0.3, 0.5)
-KV_PER_SLOT = 600_000 / 256  # the issue's cluster: 600k KV tokens for 256 slots per instance
+KV_PER_SLOT = 600_000 / 256  # the KV-bound cluster case: 600k KV tokens for 256 slots per instance
 ROLLOUT_RHO, ROLLOUT_MAX_LAG = 0.1, 10 ** 6  # rollout only (bench_schedulers section 1)
 KEEP = ("time/iteration", "throughput/e2e_tps", "time/rollout", "above:time/rollout", "above:rollout/makespan_busy",
         "bound:rollout/R_LB", "rollout/preemptions", "rollout/steals", "lag/max", "plan_seconds", "rho", "rho_stock")
@@ -232,7 +232,7 @@ def summarize(units: Dict[str, Dict[str, Any]], s: Settings, seeds: Sequence[int
         "rollout_within_15pct": {"text": "ASP rollout makespan (estimates) <= 15% above the tightened R_LB",
                                  "met": n_roll, "of": len(rollout), "pass": n_roll == len(rollout)},
         "kv_asp_ge_async": {"text": "ASP e2e_tps >= least-loaded async dispatch with no plan (the runtime's "
-                                    "async mode) wherever the KV budget binds (the issue's criterion)",
+                                    "async mode) wherever the KV budget binds (the KV criterion)",
                             "met": n_kv_async, "of": len(kv_b), "pass": bool(kv_b) and n_kv_async == len(kv_b)},
         "kv_asp_ge_least_loaded": {"text": "stricter: ASP e2e_tps >= the better least-loaded dispatch (async, or "
                                            "the least_loaded planner's offline replay of it, pinned, with "

@@ -7,7 +7,7 @@ mode alike; ratios are paired by seed (the same prompts and seeds) with 95% t in
 with the same --out resumes: a run whose summary.json exists is read, not run again):
 
 1. e2e_tps of every mode against stock and asp against async at the same max_lag, with the targets as
-   met/missed (`--targets`: `demo` = the tiny_cpu.yaml targets, `longtail` = issue 24's long-tail ones,
+   met/missed (`--targets`: `demo` = the tiny_cpu.yaml targets, `longtail` = the long-tail config's targets,
    `auto` = longtail for a `replay` task on the long_cot kind, else demo; see TARGET_SETS);
 2. where asp's time goes: planning seconds per window (and how many were planned ahead), the cost and rho each
    window was planned with, steals, trainer starvation;
@@ -34,8 +34,8 @@ Demo config (section 4 of docs/benchmarks.md):
         [--modes stock,async_lag0,asp_lag0,async_lag1,asp_lag1,async_lag2,asp_lag2] \
         [--json benchmarks/results/runtime_tiny_cpu.json] [--analyze-only] [overrides ...]
 
-Long-tail benchmark (issue 24; K = 2 there, so K-1 = 1 and lag 1 stands for both; 5 + 2 x 3 = 11 runs per
-seed; see "Wall time" below for the estimate and the smaller design):
+Long-tail benchmark (configs/tiny_cpu_longtail.yaml; K = 2 there, so K-1 = 1 and lag 1 stands for both; 5 + 2 x 3 = 11
+runs per seed; see "Wall time" below for the estimate and the smaller design):
 
     .venv/bin/python benchmarks/bench_runtime.py --config configs/tiny_cpu_longtail.yaml \
         --out runs/bench_runtime_longtail --seeds 0,1,2,3,4,5,6,7 --lags 1,2,K-1 \
@@ -86,7 +86,7 @@ TARGETS = (("asp max_lag 0 >= stock", "asp_lag0", "stock", 1.0),
            ("asp max_lag 2 >= async max_lag 2", "asp_lag2", "async_lag2", 1.0),
            ("asp max_lag 1 >= 1.3x stock", "asp_lag1", "stock", 1.3))
 SIM_TARGET = 0.10  # |predicted / measured - 1| per mode
-#: issue 24's targets on the long-tail config (benchmark figures, not timed tests). Each entry: (kind, label,
+#: The targets on the long-tail config (benchmark figures, not timed tests). Each entry: (kind, label,
 #: arguments); `evaluate_targets` computes each from the analysed results. "never below async's interval" is
 #: read paired, as every other ratio here: the 95% interval of asp/async (per seed) reaches 1.0, i.e. asp is
 #: never significantly slower than async at the same max_lag.
@@ -178,8 +178,8 @@ def mode_overrides(mode: str) -> List[str]:
 
 
 def choose_targets(flag: str, cfg: Mapping[str, Any]) -> str:
-    """`--targets auto`: the long-tail set for a replay task on the long_cot kind (issue 24's workload), else the
-    demo's. A target whose modes were not run is left out either way."""
+    """`--targets auto`: the long-tail set for a replay task on the long_cot kind (the long-tail config's workload),
+    else the demo's. A target whose modes were not run is left out either way."""
     if flag != "auto":
         return flag
     data = cfg.get("data", {})
@@ -871,8 +871,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--lags", default=None, help="instead of --modes: stock plus async and asp at each of these "
                     "max_lag, numbers or K-1 (K = minibatches per window, asp.replan_every), e.g. 1,2,K-1")
     ap.add_argument("--targets", default="auto", choices=TARGET_SETS,
-                    help="target set: demo (tiny_cpu.yaml), longtail (issue 24), auto = longtail for a replay task "
-                    "on long_cot, else demo; none = no targets")
+                    help="target set: demo (tiny_cpu.yaml), longtail (tiny_cpu_longtail.yaml), auto = longtail for a "
+                    "replay task on long_cot, else demo; none = no targets")
     ap.add_argument("--kinds", default="", help="also run these replay kinds (e.g. tiny_decode,chat) at --kind-lag, "
                     "stock/async/asp, under OUT/kind_<kind>/ and into the same results (key `kinds`)")
     ap.add_argument("--kind-lag", default="1", help="the one max_lag of the --kinds runs (a number or K-1)")

@@ -1,4 +1,4 @@
-"""Issue-2 benchmark: planners side by side in the event-driven simulator (rollout, end to end, bubbles, scaling).
+"""Scheduler benchmark: planners side by side in the event-driven simulator (rollout, end to end, bubbles, scaling).
 
 Run from the repository root:
 

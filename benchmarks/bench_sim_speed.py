@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_sim_speed.py [--groups 100000] [--repeat 2] [--json out.json]
 
 Why a separate benchmark: the planner scores candidates with the simulator, and the target (<= 30 s for
-64 x 10^5 x 8) must hold whatever the policy rules cost in the event loop (docs/design.md section 6.1).
+64 x 10^5 x 8) must hold whatever the policy rules cost in the event loop (docs/design.md#rules).
 Cases: stock, and stream at max_lag 1 and 4, on a round-robin plan (64 slots, minibatch 512, rho 1, 1 s
 sync), plus stream at max_lag 2 with plan minibatch tags and predicted-token steal loads (the asp path:
 tagged minibatch order, work stealing by load). Best CPU time of `--repeat` runs is reported (single

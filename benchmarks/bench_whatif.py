@@ -1,5 +1,5 @@
 """The paper's setting in the cluster model, the five configs' splits, the sensitivity of the answer, and the
-model against real CPU runs (issue 12; docs/simulator.md, "Cluster model").
+model against real CPU runs (docs/simulator.md, "Cluster model").
 
     python benchmarks/bench_whatif.py --seeds 0,1,2 --json benchmarks/results/whatif.json \
         --runs runs/whatif_validation

@@ -281,21 +281,22 @@ def _ci(ci: Json, digits: int = 2) -> str:
 
 
 def e2e_basis(runs: Iterable[Mapping[str, Any]]) -> str:
-    """Which devices the runs' e2e_tps divided by: their `devices` records (docs/design.md section 5), or, for
-    results recorded before the all-devices definition (no record), that they divided by the instances only."""
+    """Which devices the runs' e2e_tps divided by: their `devices` records (docs/design.md#e2e_tps), or, for
+    results without a record, that they divided by the instances only
+    (docs/decisions/0006-e2e-tps-counts-every-device.md)."""
     from mindspeed_asp.metrics import devices_of
 
     counts = [devices_of(r) for r in runs]
     if counts and all(c is not None for c in counts):
-        return ("e2e_tps over every device the run uses (docs/design.md section 5): "
+        return ("e2e_tps over every device the run uses (docs/design.md#e2e_tps): "
                 + ", ".join(sorted({c.describe() for c in counts})))
-    return ("e2e_tps of these runs divided by the rollout instances only (recorded before the all-devices "
-            "definition of docs/design.md section 5, which also counts the trainer's device); ratios between "
-            "modes of one config are unaffected")
+    return ("e2e_tps of these runs divided by the rollout instances only (results without a `devices` "
+            "record; docs/design.md#e2e_tps also counts the trainer's device); ratios between modes of one "
+            "config are unaffected")
 
 
 def _runtime_v1(d: Json) -> str:
-    """Section 4 as the earlier benchmark wrote it (no max_lag 0, std over seeds)."""
+    """Section 4 from a results file without max_lag 0 (std over seeds), the layout of runtime_tiny_cpu_run1.json."""
     rs = d["ratios_over_seeds"]
     target = "; ".join(f"{label}: {rs[k]['e2e_tps_x_mean']:.2f}x, {verdict(rs[k]['e2e_tps_x_mean'] >= 1.3)}"
                        for k, label in _RUNS if k.startswith("asp") and k in rs)
@@ -305,7 +306,7 @@ def _runtime_v1(d: Json) -> str:
            "over seeds:", "", _ratio_table(d), "",
            f"Target `asp >= 1.3x stock` (mean e2e_tps ratio): {target}.", "",
            "Seed 0 side by side (`asp compare`; " + e2e_basis([]) + "):", "", _preformatted(d["table"]), "",
-           "**Bubbles** (seed 0; docs/design.md section 5 definitions):", "",
+           "**Bubbles** (seed 0; definitions in docs/design.md#bubbles):", "",
            table(["run", "bubble/padding", "bubble/skewness", "bubble/sorting"],
                  [[name, num(b["bubble/padding"]), num(b["bubble/skewness"]), num(b["bubble/sorting"])]
                   for name, b in d["bubbles"].items()]), "",
@@ -394,10 +395,9 @@ def runtime(d: Json) -> str:
                 "by iteration, async and asp streamed at the run's max_lag (async FIFO, asp with the run's own "
                 "schedule). Error of the predicted run time, target |error| <= 10% per mode. At max_lag 0 the "
                 "last column replays each update's groups where they actually ran (barrier per update), a check "
-                "of the streamed replay's admission: since commit 69712f2 the simulator deals the admission "
-                "budget as the runtime's dispatcher does, one group at a time, fewest in flight first, at most "
-                "slots/n + 1 groups per instance; before, the first instance offered work admitted up to its "
-                "slots and took the whole budget (docs/runtime.md):", "",
+                "of the streamed replay's admission: the simulator deals the admission budget as the "
+                "runtime's dispatcher does, one group at a time, fewest in flight first, at most slots/n + 1 "
+                "groups per instance (docs/decisions/0003-simulator-takes-the-runtimes-dispatch.md):", "",
                 table(["mode", "mean |error|", "signed mean [95% CI]", "max |error|", "verdict",
                        "max_lag 0: per-update replay |error|"],
                       [[_MODE_LABEL.get(m, m), pct(e["abs_mean"]), f"{pct(e['mean'], sign=True)} "
@@ -430,7 +430,7 @@ def runtime_earlier(d: Json) -> str:
                       _preformatted(d["table"])])
 
 
-# ------------------------------------------------------------------ 4b. runtime on the long tail (issue 24)
+# ------------------------------------------------------------------ 4b. runtime on the long tail
 def _mode_label(mode: str, spelled: Mapping[str, Sequence[str]]) -> str:
     """'asp, max_lag 1 (= K-1)' for a mode whose lag was also asked for as K-1."""
     if mode == "stock":
@@ -521,8 +521,8 @@ def _longtail_kind_row(name: str, r: Json, lag: str) -> List[str]:
 
 
 def runtime_longtail(d: Json) -> str:
-    """The long-tail runtime benchmark (bench_runtime.py on configs/tiny_cpu_longtail.yaml, issue 24): one table
-    per question, each computed from the results file."""
+    """The long-tail runtime benchmark (bench_runtime.py on configs/tiny_cpu_longtail.yaml): one table per question,
+    each computed from the results file."""
     k = d.get("k") or {}
     spelled = k.get("spelled", {})
     lags = [key[3:] for key in d["asp_vs_async"]]
@@ -591,8 +591,8 @@ def runtime_longtail(d: Json) -> str:
         out += ["**Where does ASP not help?** No other kinds in this results file (`--kinds tiny_decode,chat`).", ""]
     tg = d.get("targets") or []
     if tg:
-        out += ["**Targets** (issue 24; a missed throughput target names the paired bubble differences that "
-                "separate the two modes):", "",
+        out += ["**Targets** (the long-tail set, bench_runtime.py TARGET_SETS; a missed throughput target names "
+                "the paired bubble differences that separate the two modes):", "",
                 table(["target", "measured", "verdict", "why (paired differences)"],
                       [[_cell(t["target"]), _cell(t.get("figure", "-")), f"**{_cell(t['verdict'])}**",
                         _cell(t.get("why", ""))] for t in tg]), ""]
@@ -855,7 +855,7 @@ def whatif_validation(d: Json) -> str:
     return "\n".join(out)
 
 
-# ------------------------------------------------------------------------------ 9. robustness (issue 9)
+# ------------------------------------------------------------------------------ 9. robustness
 def _robust_criteria(d: Json) -> str:
     lines = []
     for c in d["criteria"].values():
@@ -880,7 +880,7 @@ def _equal_staleness(d: Json) -> str:
 
 
 def robustness(d: Json) -> str:
-    """The issue-9 "Done when" matrix: ASP vs every baseline on four unseen workload kinds, the KV case."""
+    """The robustness matrix: ASP vs every baseline on four unseen workload kinds, and the KV case."""
     st = d["settings"]
     out = [f"Seeds {d['seeds']}; {st['instances']} instances x {st['slots']} slots, M = {st['minibatch']} groups; "
            "workloads: " + ", ".join(f"{k} = `{v}`" for k, v in d["specs"].items())
@@ -908,7 +908,7 @@ def robustness(d: Json) -> str:
                    f"{v['oracle_above_pct']:.1f}%", verdict(v["ok"])] for k, v in d["rollout_only"].items()]), "",
            "**KV-bound cluster case** (ASP against the two least-loaded dispatches: async = the runtime's async mode, "
            "one FIFO in dataset order, no plan; least_loaded = that planner's plan, streaming with stealing; "
-           "rho_stock = train time over stock's rollout; the budget binds where any run preempts; the issue's "
+           "rho_stock = train time over stock's rollout; the budget binds where any run preempts; the criterion's "
            "target is async, the stricter one the better of the two):", "",
            table(["rho_stock", "max_lag", "ASP e2e_tps", "async e2e_tps", "least_loaded e2e_tps",
                   "ASP / async", "ASP / least_loaded", "preemptions ASP / async / least_loaded", "budget binds",

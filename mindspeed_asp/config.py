@@ -103,7 +103,7 @@ class ObjectiveSection(Strict):
 
 
 class EstimatorSection(Strict):
-    """How response lengths are predicted from the length history (docs/design.md section 4)."""
+    """How response lengths are predicted from the length history (docs/design.md#length-estimation)."""
 
     kind: Literal["history", "cold_start", "oracle"] = "history"
     recency_decay: float = Field(0.5, gt=0.0, le=1.0, description="weight of epoch e-k is decay**k")
@@ -153,7 +153,7 @@ class AspSection(Strict):
     rho: Optional[float] = Field(None, gt=0.0, description="trainer/rollout work ratio the planner assumes: "
                                  "train time / the window's rollout lower bound R_LB; None = 1.0. From a stock "
                                  "run's rho_stock (train / its rollout time): rho_stock x stock rollout / R_LB "
-                                 "(docs/design.md section 5)")
+                                 "(docs/design.md#rho-and-rho_stock)")
     estimator: EstimatorSection = EstimatorSection()
     cost: CostSection = CostSection()
     online_fit: bool = Field(True, description="runtime: plan each window after the first with the cost model "

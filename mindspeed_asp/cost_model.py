@@ -2,7 +2,7 @@
 
 Why one module: the planner, the simulator, the runtime's re-planner, `asp fit-cost` and the benchmarks must
 price a step with the same numbers, fitted by the same rule and read with the same checks
-(docs/design.md section 11.2). `CostModel` itself is a domain type (`mindspeed_asp.types`); this module makes
+(docs/design.md#cost-model). `CostModel` itself is a domain type (`mindspeed_asp.types`); this module makes
 and stores one. Measuring a real engine is elsewhere (`runtime/cost_fit.py`): it needs vLLM, this needs numpy
 and scipy only.
 

@@ -1,7 +1,7 @@
 """Fluid (expected-value) work model of prompt groups and instances, shared by all planners.
 
 Why a fluid model: under continuous batching an instance's time is `a*S_j + b*sum L + c*sum KV + p*sum P`
-(docs/design.md section 11.2), and only the step count S_j depends on the order. Planners therefore balance the
+(docs/design.md#cost-model), and only the step count S_j depends on the order. Planners therefore balance the
 order-independent work and approximate S_j by `max(sum L / B, max group length)`. Everything here is
 vectorised numpy over groups so a 10^5-group window costs milliseconds.
 """
@@ -77,7 +77,7 @@ def instance_times(inst: np.ndarray, gm: GroupMoments, m: int, cost: CostModel, 
 
 def bound_terms(work: np.ndarray, fixed: np.ndarray, solo: np.ndarray, m: int,
                 kv_work: Optional[np.ndarray] = None) -> Dict[str, float]:
-    """Every term of R_LB (docs/design.md section 5) from per-group figures; R_LB is their maximum.
+    """Every term of R_LB (docs/design.md#lower-bounds) from per-group figures; R_LB is their maximum.
 
     `work` w_g: the group's cross-instance work (a-term shared over the B slots); `fixed` f_g: its
     order-independent part (b, c, p terms: paid whatever runs beside it); `solo` s_g = a * (longest sample) +
@@ -133,7 +133,7 @@ def group_bound_inputs(gm: GroupMoments, cost: CostModel, kv_budget: Optional[fl
 
 
 def rollout_lower_bound(gm: GroupMoments, m: int, cost: CostModel, kv_budget: Optional[float] = None) -> float:
-    """R_LB of docs/design.md section 5 under the predictions (`bound_terms`: work, solo, pair, anchor and,
+    """R_LB of docs/design.md#lower-bounds under the predictions (`bound_terms`: work, solo, pair, anchor and,
     with a KV budget, the KV work term)."""
     work, fixed, solo, kv_work = group_bound_inputs(gm, cost, kv_budget)
     return bound_terms(work, fixed, solo, m, kv_work=kv_work)["R_LB"]

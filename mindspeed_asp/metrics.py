@@ -1,4 +1,4 @@
-"""The metric definitions of docs/design.md section 5, computed once for the simulator, the run recorder and
+"""The metric definitions of docs/design.md#metrics, computed once for the simulator, the run recorder and
 the sample queue: lag statistics, skewness, the tail share, the padding bubbles, `throughput/e2e_tps` with the
 devices it divides by, and rho against stock's rollout.
 
@@ -90,7 +90,7 @@ def padding_share(padded: float, real: float) -> float:
 
 
 # ------------------------------------------------------------------------------------ e2e_tps and devices
-#: Name of the one `throughput/e2e_tps` definition (docs/design.md section 5), recorded beside every figure so
+#: Name of the one `throughput/e2e_tps` definition (docs/design.md#e2e_tps), recorded beside every figure so
 #: `asp compare` can tell it from figures computed another way (summaries written before it have none).
 E2E_TPS_DEFINITION = "all_devices"
 #: The same definition in words, for tables and notes.
@@ -192,8 +192,8 @@ def rho_rlb_from_stock(rho_stock_value: float, r_lb: float, stock_rollout_second
 
 
 def devices_of(summary: Mapping[str, Any]) -> Optional[DeviceCount]:
-    """The DeviceCount a summary recorded under this definition (its `devices` field), None when it has none or
-    records another definition (summaries written before the definition was shared)."""
+    """The DeviceCount a summary recorded under this definition (its `devices` field), None when it has none (its
+    e2e_tps divided by the rollout instances only) or records another definition."""
     d = summary.get("devices")
     if not isinstance(d, Mapping) or d.get("definition") != E2E_TPS_DEFINITION:
         return None

@@ -165,7 +165,7 @@ class CostModel:
         return self.a + self.b * active + self.c * kv_tokens + self.p * prefill_tokens
 
     def sequence_work(self, length: np.ndarray, prompt_len: np.ndarray, slots: int) -> np.ndarray:
-        """Cross-instance work of sequences (docs/design.md section 11.2): the a-term is the share of steps."""
+        """Cross-instance work of sequences (docs/design.md#cost-model): the a-term is the share of steps."""
         length = np.asarray(length, dtype=np.float64)
         prompt_len = np.asarray(prompt_len, dtype=np.float64)
         return (self.a * length / slots + self.b * length

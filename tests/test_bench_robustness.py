@@ -72,7 +72,7 @@ def test_criteria_are_computed_from_the_simulated_runs(quick):
     assert c["kv_asp_ge_least_loaded"]["of"] == len(binds)
     assert c["kv_asp_ge_least_loaded"]["met"] == sum(
         k["asp_e2e_tps"] >= max(k["least_loaded_e2e_tps"], k["async_e2e_tps"]) for k in binds)
-    # the issue's own KV criterion: least-loaded async dispatch with no plan, i.e. async
+    # the KV criterion: least-loaded async dispatch with no plan, i.e. async
     assert c["kv_asp_ge_async"]["of"] == len(binds)
     assert c["kv_asp_ge_async"]["met"] == sum(k["asp_e2e_tps"] >= k["async_e2e_tps"] for k in binds)
     assert c["kv_asp_ge_async"]["met"] >= c["kv_asp_ge_least_loaded"]["met"]

@@ -101,8 +101,8 @@ def test_renderer_prints_targets_and_simulator_errors():
 
 def test_a_run_stopped_by_a_signal_stops_the_benchmark_and_what_a_try_left_is_cleared(tmp_path, monkeypatch):
     """A signal ends the driver's run at a safe point with `interrupted` set: that run is no measurement, and
-    the signal was meant for the benchmark, so the benchmark stops (before, it went on to the next run and
-    kept the truncated one). A rerun starts that run afresh: the files a failed try left are removed first."""
+    the signal was meant for the benchmark, so the benchmark stops rather than go on to the next run
+    and keep the truncated one. A rerun starts that run afresh: the files a failed try left are removed first."""
     import mindspeed_asp.runtime.driver as driver_mod
 
     class StoppedDriver:
@@ -125,7 +125,7 @@ def test_a_run_stopped_by_a_signal_stops_the_benchmark_and_what_a_try_left_is_cl
     assert bench_runtime.load_summary(left) is None
 
 
-# ------------------------------------------------------------------------------------------ issue 24: long tail
+# ------------------------------------------------------------------------------------------ long tail
 def test_k_minus_1_is_replan_every_and_is_recorded_once():
     cfg = {"asp": {"replan_every": 2, "minibatch_groups": 8}, "data": {"num_prompts": 48}}
     assert bench_runtime.window_minibatches(cfg) == 2
@@ -153,7 +153,7 @@ def test_the_long_tail_config_resolves_k_targets_and_per_seed_lengths():
     assert bench_runtime.seed_overrides(3, cfg) == ["run.seed=3", "data.seed=3", "data.replay.seed=3"]
     assert bench_runtime.seed_overrides(3, {"data": {"task": "demo"}}) == ["run.seed=3", "data.seed=3"]
     w = bench_runtime.workload_shape(cfg, [0, 1])
-    assert w["p99_over_median"] >= 8 and 0.05 <= w["cap_share"] <= 0.12  # the issue's long tail
+    assert w["p99_over_median"] >= 8 and 0.05 <= w["cap_share"] <= 0.12  # the long tail the config is for
     assert w["per_seed"]["0"] != w["per_seed"]["1"]  # a seed draws its own lengths
     chat = bench_runtime._resolve_config(str(BENCH.parent / "configs" / "tiny_cpu_longtail.yaml"),
                                          bench_runtime.kind_overrides("chat"))

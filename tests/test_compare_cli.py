@@ -46,7 +46,7 @@ def test_metric_definitions(tmp_path):
     assert s["bubble/skewness"] == pytest.approx(0.25)
     # trainer starved 2 s of a 10 s run
     assert s["bubble/sorting"] == pytest.approx(0.2)
-    # 100 trained tokens / (3 devices: 2 instances + the trainer's 1 * 10 s), docs/design.md section 5
+    # 100 trained tokens / (3 devices: 2 instances + the trainer's 1 * 10 s), docs/design.md#e2e_tps
     assert s["throughput/e2e_tps"] == pytest.approx(100 / (3 * 10.0))
     assert s["devices"] == {"total": 3, "rollout": 2, "trainer": 1, "layout": "split", "definition": "all_devices"}
     # the stock run's own rho against its rollout: 0.5 s train / 4.4 s rollout per update
@@ -149,7 +149,7 @@ def test_offpolicy_metrics_summarised_and_compared(tmp_path):
     dec_line = [line for line in table.splitlines() if line.startswith("dec ")][0]
     assert "1.25" in dec_line and "0.125" in dec_line
     plain, _ = compare_runs([tmp_path / "plain"])
-    assert "iw mean" not in plain  # runs without the metrics keep the old table
+    assert "iw mean" not in plain  # runs without the metrics keep the narrow table
 
 
 def test_compare_states_devices_and_rho_stock_and_warns_on_old_summaries(tmp_path):
@@ -166,7 +166,7 @@ def test_compare_states_devices_and_rho_stock_and_warns_on_old_summaries(tmp_pat
     # rho_stock: each run's train time per update over the stock run's rollout per update (9.4 s)
     assert runs[0]["rho/stock"] == pytest.approx(0.5 / 9.4) and runs[1]["rho/stock"] == pytest.approx(0.5 / 9.4)
     assert "rho_stock" in table.splitlines()[0]
-    # a summary from before the definition (no devices record): compared with a warning naming it
+    # a summary without a devices record (its e2e_tps divided by the instances only): compared with a warning naming it
     old = tmp_path / "old"
     old.mkdir()
     legacy = {k: v for k, v in s.items() if k != "devices"}

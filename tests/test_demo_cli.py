@@ -15,8 +15,8 @@ def test_default_variants_compare_stock_with_asp_at_two_lags():
 
 
 def test_the_stock_variant_runs_at_lag_0_whatever_the_command_line_gives_the_others(tmp_path):
-    """`asp demo asp.max_lag=2`: the asp variants take it, stock keeps lag 0 (refused before, had it been
-    composed as given: a stock run with an explicit max_lag 2)."""
+    """`asp demo asp.max_lag=2`: the asp variants take it, stock keeps lag 0 (composed as given, a stock run
+    with an explicit max_lag 2 would be refused)."""
     from mindspeed_asp.commands.demo import _variant_overrides
     from mindspeed_asp.commands.train import build_config
 

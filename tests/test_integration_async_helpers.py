@@ -32,7 +32,7 @@ def test_iteration_metrics_names_and_values():
     gs = [group(0, 1, inst=0, start=100.0, end=110.0), group(1, 1, inst=1, start=100.0, end=105.0)]
     from mindspeed_asp.metrics import colocated_devices, split_devices
 
-    # 2 rollout instances x TP 2 beside 4 trainer NPUs: 8 devices in e2e_tps (docs/design.md section 5)
+    # 2 rollout instances x TP 2 beside 4 trainer NPUs: 8 devices in e2e_tps (docs/design.md#e2e_tps)
     m = iteration_metrics(gs, [0, 0, 1, 1], max_lag=1, instances=2, t_iter=20.0, wait_s=5.0, sync_s=1.0,
                           devices=split_devices(2, 2, 4))
     assert m["bubble/skewness"] == pytest.approx(1 - 7.5 / 10)

@@ -34,7 +34,7 @@ def test_config_asp_section_and_topology(name, monkeypatch):
     assert topo.asp.mode == mode and topo.plan_ordered
     assert (topo.train_npus, topo.rollout_npus, topo.instances, topo.infer_tp, topo.separate_pool) == \
         (train, rollout, inst, tp, separate)
-    # e2e_tps' devices: trainer + the separate pool, or the colocated NPUs once (docs/design.md section 5)
+    # e2e_tps' devices: trainer + the separate pool, or the colocated NPUs once (docs/design.md#e2e_tps)
     assert topo.devices.total == topo.total_npus == train + rollout
     assert topo.devices.layout == ("split" if separate else "colocated")
     assert topo.asp.minibatch_groups == topo.gbs
@@ -103,8 +103,9 @@ def test_stock_mode_has_no_separate_pool():
 
 
 def test_the_deployment_follows_the_mode_not_max_lag():
-    """max_lag 0 in mode asp used to switch to MindSpeed-RL's colocated engines (8 NPUs instead of 16 for this
-    config, silently): the pool stays, synchronous; the colocated deployment is its own mode."""
+    """The deployment follows the mode, not max_lag: max_lag 0 in mode asp keeps the separate pool (16 NPUs for
+    this config, not the colocated engines' 8), synchronous; the colocated deployment is its own mode
+    (docs/decisions/0008-mode-decides-deployment.md)."""
     data = _base()
     data["asp"]["max_lag"] = 0
     topo = topology_from_dict(data)
@@ -146,7 +147,7 @@ def test_the_objective_keys_are_declared_once_for_both_trainers():
             got = model.model_fields[key]
             assert (got.default, got.description, got.metadata) == (own.default, own.description, own.metadata)
     tiny = CONFIGS / "tiny_cpu.yaml"
-    assert load_run_config(tiny, ["trainer.iw_cap=1.0"]).trainer.iw_cap == 1.0  # was refused here (gt 1)...
+    assert load_run_config(tiny, ["trainer.iw_cap=1.0"]).trainer.iw_cap == 1.0  # accepted (ge 1) here...
     data = _base()
     data["asp"]["iw_cap"] = 1.0
     assert topology_from_dict(data).asp.iw_cap == 1.0
@@ -300,9 +301,9 @@ def test_asp_plan_and_lengths_still_name_a_bad_key_of_a_training_yaml(tmp_path, 
 
 @pytest.mark.parametrize("name", ["qwen3_8b_A3_asp", "qwen3_30b_a3b_dapo_A3_asp"])
 def test_asp_plan_takes_the_runs_shape_from_a_training_yaml(name, tmp_path, monkeypatch, capsys):
-    """The launcher passes no shape flags (it used to read them back from shell variables): `asp plan --config`
-    on a MindSpeed-RL YAML plans for the instances that follow the plan (the pool's, or the colocated engines'),
-    one global batch per window, and the run's n, max tokens, seed and KV budget."""
+    """The launcher passes no shape flags: `asp plan --config` on a MindSpeed-RL YAML plans for the instances that
+    follow the plan (the pool's, or the colocated engines'), one global batch per window, and the run's n, max tokens,
+    seed and KV budget."""
     from mindspeed_asp.cli import main
     from mindspeed_asp.scheduler.plan import load_plan
 

@@ -97,8 +97,8 @@ def test_the_module_prints_shell_variables(tmp_path, capsys):
 
 @needs_msrl
 def test_the_module_validates_the_composed_file_naming_the_key(tmp_path, capsys):
-    """The process that composes the file also reads it once and validates it (the shell used to start a second
-    Python for that): a stock run keeping the file's max_lag: 1 is refused before Ray starts, naming both keys."""
+    """The process that composes the file also reads it once and validates it (no second Python
+    for that): a stock run keeping the file's max_lag: 1 is refused before Ray starts, naming both keys."""
     config = str(ROOT / "configs" / "qwen25_7b_A3_asp.yaml")
     rc = lc.main([config, str(tmp_path), "--msrl-root", str(MSRL), "--", "asp.mode=stock"])
     err = capsys.readouterr().err

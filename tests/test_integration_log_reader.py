@@ -96,7 +96,7 @@ def test_compare_uses_mindspeed_rl_columns_when_a_log_is_involved(tmp_path, caps
     asp_run = tmp_path / "asp_run"
     asp_run.mkdir()
     import json
-    # An ASP run directory answers MindSpeed-RL's columns with its docs/design.md section 5 names.
+    # An ASP run directory answers MindSpeed-RL's columns with its docs/design.md#metrics names.
     (asp_run / "summary.json").write_text(json.dumps({
         "mode": "asp", "throughput/e2e_tps": 250.0, "throughput/rollout_tps": 900.0, "time/iteration": 2.0,
         "time/rollout": 1.5, "time/train": 0.4, "length/trained_mean": 321.0, "lag/max": 1}))

@@ -72,7 +72,7 @@ def _wait(pred, timeout=30.0):
 # ------------------------------------------------------------------------------------------ instance death
 def test_a_dead_tp_rank_ends_the_run_at_the_next_call_naming_the_instance(npu_ray):
     """Instance 1 has two TP ranks; rank 0 waits in a collective (its step call never returns) while rank 1
-    dies. The driver must see rank 1's failure (it used to wait on rank 0's call only, so the death went
+    dies. The driver must see rank 1's failure (waiting on rank 0's call alone, the death would go
     unseen until the sync's pause timed out)."""
     from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
     ranks = [[ray.remote(num_cpus=0)(FakeRank).remote(0, hang=True)],

@@ -21,7 +21,7 @@ def pool(tiny_model, local_ray):
     cls = ray.remote(num_cpus=1)(RolloutWorker)
     sampling = {"max_tokens": 12, "temperature": 1.0, "top_k": -1, "ignore_eos": True, "seed": 3}
     workers = []
-    for j in range(2):  # one after the other: simultaneous vLLM start-ups once hung (docs/design.md)
+    for j in range(2):  # one after the other: simultaneous vLLM start-ups can hang (docs/design.md#platforms)
         w = cls.remote(j, 0, N, sampling, factory)
         ray.get(w.stats.remote(), timeout=300)
         workers.append(w)

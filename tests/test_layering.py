@@ -1,4 +1,4 @@
-"""The import layering of docs/design.md section 3, checked by reading every import of every file.
+"""The import layering of docs/design.md#layering, checked by reading every import of every file.
 
 Function-level imports count: a lazy import inside a function is still a dependency, and hiding a cycle
 behind one is what these rules forbid. Imports under `if TYPE_CHECKING:` are annotations only and skipped.
@@ -94,7 +94,7 @@ def all_files():
 
 def test_layers_are_known():
     unknown = {layer(module_name(p)) for p in all_files()} - set(ALLOWED)
-    assert not unknown, f"packages without a layering rule (add them to docs/design.md section 3): {unknown}"
+    assert not unknown, f"packages without a layering rule (add them to docs/design.md#layering): {unknown}"
 
 
 def test_imports_run_one_way():
@@ -109,11 +109,11 @@ def test_imports_run_one_way():
             if target == own or target in ALLOWED[own]:
                 continue
             bad.append(f"{path.relative_to(PKG.parent)}:{line}: {own} imports {dst} ({target})")
-    assert not bad, "imports against docs/design.md section 3:\n" + "\n".join(bad)
+    assert not bad, "imports against docs/design.md#layering:\n" + "\n".join(bad)
 
 
 def test_rules_catch_a_lazy_import(tmp_path, monkeypatch):
-    """The checker sees an import inside a function (the way cycles used to hide)."""
+    """The checker sees an import inside a function (where a cycle would otherwise hide)."""
     f = tmp_path / "mindspeed_asp" / "sim" / "x.py"
     f.parent.mkdir(parents=True)
     f.write_text("def f():\n    from mindspeed_asp.scheduler.planners import PLANNERS\n    return PLANNERS\n")

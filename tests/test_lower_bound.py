@@ -1,4 +1,4 @@
-"""The rollout lower bound R_LB (docs/design.md section 5): its new terms by hand, the planner's and the
+"""The rollout lower bound R_LB (docs/design.md#lower-bounds): its new terms by hand, the planner's and the
 simulator's versions agree on exact lengths, and no simulated plan ever ends below it."""
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def test_e2e_tps_divides_by_every_device():
 
 def test_devices_of_reads_only_this_definition():
     assert m.devices_of({"devices": m.split_devices(2, 1, 1).to_dict()}).total == 3
-    assert m.devices_of({}) is None  # a summary written before the definition was shared
+    assert m.devices_of({}) is None  # a summary without a devices record
     assert m.devices_of({"devices": 4}) is None
     assert m.devices_of({"devices": {**m.split_devices(2).to_dict(), "definition": "instances"}}) is None
 

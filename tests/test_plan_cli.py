@@ -238,7 +238,7 @@ def test_plan_reports_the_groups_it_isolated(tmp_path, capsys):
 
 def test_the_configs_kv_budget_is_planned_with(tmp_path, capsys):
     """asp.kv_budget_tokens is the runtime re-planner's KV budget (runtime/replan.py); `asp plan --config` plans
-    with it too (it used to plan unbounded unless --kv-budget was given), and --kv-budget still wins."""
+    with it too (not unbounded when --kv-budget is absent), and --kv-budget still wins."""
     data, hist = write_inputs(tmp_path)
     cfg = tmp_path / "run.yaml"
     cfg.write_text("asp:\n  instances: 2\n  slots: 8\n  minibatch_groups: 2\n  kv_budget_tokens: 20000\n")
@@ -256,7 +256,7 @@ def test_the_configs_kv_budget_is_planned_with(tmp_path, capsys):
 
 def test_flags_are_validated_as_overrides_of_their_keys(tmp_path, capsys):
     """A flag is an override of its asp: key, validated with the file: --max-lag 2 on a stock config is refused
-    as `asp.max_lag=2` would be, naming the flag (it used to be merged in after validation, unchecked)."""
+    as `asp.max_lag=2` would be, naming the flag (a flag is never merged in after validation, unchecked)."""
     data, hist = write_inputs(tmp_path)
     cfg = tmp_path / "stock.yaml"
     cfg.write_text("asp:\n  mode: stock\n  instances: 2\n  slots: 8\n  minibatch_groups: 2\n")

@@ -2,7 +2,7 @@
 dispatch, steal, admission and training-order decisions, for stock, async and asp at max_lag 0, 1 and 2.
 
 Why: the planner scores its candidates with the simulator, so a simulated figure is only worth something if
-the simulator runs the runtime's policy (docs/design.md section 6.1). Both sides call
+the simulator runs the runtime's policy (docs/design.md#shared-policy). Both sides call
 `mindspeed_asp/policy.py`; this test keeps the *callers* equal too (when they offer work, in which order
 they ask, which events they report).
 

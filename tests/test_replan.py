@@ -126,7 +126,7 @@ def test_the_estimate_runs_in_solve_on_the_history_as_prepare_saw_it():
 
 def test_the_planner_scores_with_the_lag_the_policy_enforces():
     """One max_lag for the window planner and the lag policy: the config's, resolved with its mode (stock trains
-    at lag 0, so an unset max_lag is 0 there; the planner used to score stock windows at the default 1)."""
+    at lag 0, so an unset max_lag is 0 there, and the planner scores stock windows at 0, not at the default 1)."""
     from mindspeed_asp.policy import LagPolicy
 
     for asp, want in ((AspSection(mode="stock", slots=16, minibatch_groups=4), 0),

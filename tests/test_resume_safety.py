@@ -115,7 +115,7 @@ def test_a_recorder_writes_no_step_file_until_the_run_proceeds(tmp_path):
     `open_steps` then rewrites it to the checkpoint's steps and appends."""
     _run_with_steps(tmp_path)
     rec = RunRecorder(tmp_path, mode="asp", instances=1, slots=4, minibatch_groups=1, max_lag=1)
-    assert (tmp_path / "metrics.jsonl").read_text() == STEP_LINES  # the old recorder emptied it here
+    assert (tmp_path / "metrics.jsonl").read_text() == STEP_LINES  # a recorder built for a resume leaves it as it is
     state = rec.state_dict()
     state["steps"] = [json.loads(line) for line in STEP_LINES.splitlines()[:2]]
     rec.load_state_dict(ck.decode(json.loads(json.dumps(ck.encode(state)))), defer_files=True)
@@ -136,7 +136,7 @@ def test_a_recorder_writes_no_step_file_until_the_run_proceeds(tmp_path):
 def test_a_damaged_state_is_refused_naming_the_key_and_the_run_files_stay(tmp_path, tiny_model, no_ray, damage, key,
                                                                           words):
     """The driver refuses a state.json with a missing key or a wrong type, naming the file and the key, before
-    Ray, and every file of the run is byte for byte as it was (the old driver emptied metrics.jsonl first)."""
+    Ray, and every file of the run is byte for byte as it was (metrics.jsonl included)."""
     from mindspeed_asp.runtime.driver import Driver
     from mindspeed_asp.runtime.tasks import task_and_prompts
 
@@ -297,7 +297,7 @@ def test_a_pointer_out_of_the_run_is_refused(tmp_path, pointer):
     ck.write_checkpoint(run, {"version": 1, "mode": "async"}, FakeTrainer())
     latest = run / "checkpoint" / "latest.json"
     data = json.loads(latest.read_text())
-    # OTHER: a real, complete checkpoint of another run, which the old code resumed without a word
+    # OTHER: a real, complete checkpoint of another run, which must be refused, not resumed
     data["dir"] = f"../../other_run/checkpoint/{other.name}" if pointer == "OTHER" else pointer
     latest.write_text(json.dumps(data))
     with pytest.raises(InputError, match="is not the name of a checkpoint directory of this run"):
@@ -305,8 +305,7 @@ def test_a_pointer_out_of_the_run_is_refused(tmp_path, pointer):
 
 
 def test_a_checkpoint_without_hashes_loads_with_a_warning(tmp_path, capsys):
-    """A checkpoint written before hashes were recorded: found and loaded, with a warning naming what is not
-    verified."""
+    """A checkpoint without recorded hashes: found and loaded, with a warning naming what is not verified."""
     run = tmp_path / "run"
     full = _full_state(_config(str(tmp_path / "model")), tmp_path / "scratch")
     directory = ck.write_checkpoint(run, full, FakeTrainer())
@@ -524,7 +523,7 @@ class _BrokenFile:
 def test_a_full_disk_while_appending_a_step_is_one_line_and_the_checkpoint_resumes(tmp_path, monkeypatch, how):
     """The disk fills (a real ENOSPC: metrics.jsonl is /dev/full) or fails (EIO) after the checkpoint at step 2,
     when step 2's line is appended: one RunError naming the file, the cause and the checkpoint to resume from
-    (was an OSError with no file named); closing the recorder raises nothing more; the checkpoint is whole, and
+    (not a bare OSError); closing the recorder raises nothing more; the checkpoint is whole, and
     a recorder resumed from it rewrites metrics.jsonl to its steps and goes on."""
     from mindspeed_asp.runtime import metrics_log
 

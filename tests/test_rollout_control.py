@@ -1,13 +1,13 @@
 """One rollout control for both drivers: the rules, and one scripted trace giving both the same decisions.
 
-The standalone driver (runtime/driver.py) builds its `RolloutControl` from a run config; the MindSpeed-RL
-rollout driver (integrations/mindspeed_rl/rollout_driver.py) from the `asp:` keys the async trainer passes.
-They used to wire the policy, dispatcher and queue each with its own loop and had drifted: the capacity per
-instance (`ceil(slots/n)+1` vs `slots//n`: 3 vs 2 groups at slots 8, n 4) and the training order in asp mode
-(plan tag vs oldest). The parity test replays one seeded trace (windows, dispatches, finishes in a random
-order, updates, a checkpoint cut and restore halfway) through each driver's own entry points and compares every
-decision: which group went to which instance at which version, which groups each update trained, which were
-regenerated, and the counters at the end.
+The standalone driver (runtime/driver.py) builds its `RolloutControl` from a run config; the MindSpeed-RL rollout driver
+(integrations/mindspeed_rl/rollout_driver.py) from the `asp:` keys the async trainer passes. Both drive the policy,
+dispatcher and queue through this one control, so they cannot drift apart as two loops of their own would (the capacity
+per instance, `ceil(slots/n)+1` vs `slots//n`: 3 vs 2 groups at slots 8, n 4; the training order in asp mode, plan tag
+vs oldest). The parity test replays one seeded trace (windows, dispatches, finishes in a random order, updates, a
+checkpoint cut and restore halfway) through each driver's own entry points and compares every decision: which group went
+to which instance at which version, which groups each update trained, which were regenerated, and the counters at the
+end.
 """
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ def test_overrides_apply_with_yaml_types():
 
 def test_max_lag_defaults_by_mode_and_stock_refuses_another():
     """Stock trains at lag 0: unset, asp.max_lag is 0 there (1 in the other modes); a stock run given another
-    lag is refused, naming both keys (the driver used to run it at 0 while config and records said 1)."""
+    lag is refused, naming both keys, so it never runs at 0 while config and records
+    say 1 (docs/decisions/0008-mode-decides-deployment.md)."""
     assert load_run_config(TINY).asp.max_lag == 1
     assert load_run_config(TINY, ["asp.mode=async"]).asp.max_lag == 1
     stock = load_run_config(TINY, ["asp.mode=stock"])

@@ -1,4 +1,4 @@
-"""Invariants of the event-driven instance simulator (docs/design.md section 11 "Checks")."""
+"""Invariants of the event-driven instance simulator (docs/simulator.md, "How it is checked")."""
 import math
 
 import numpy as np

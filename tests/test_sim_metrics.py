@@ -1,4 +1,4 @@
-"""Metric formulas and lower bounds (docs/design.md section 5) on hand-checked cases."""
+"""Metric formulas and lower bounds (docs/design.md#metrics) on hand-checked cases."""
 
 import numpy as np
 import pytest

@@ -205,7 +205,7 @@ def test_kv_budget_preemption_gate_and_sync_pause_together(policy):
 
 
 def test_e2e_tps_divides_by_every_device_the_run_uses():
-    """e2e_tps recomputed by hand from the run's tokens, its time and its devices (docs/design.md section 5):
+    """e2e_tps recomputed by hand from the run's tokens, its time and its devices (docs/design.md#e2e_tps):
     stream = instances x devices per instance + trainer devices; stock = the instances' devices once."""
     prob, L = make_case(seed=21)
     a = random_assignment(96, 3, np.random.default_rng(21))
@@ -227,7 +227,7 @@ def test_e2e_tps_divides_by_every_device_the_run_uses():
 def test_rho_stock_is_the_stock_runs_measured_train_over_rollout():
     """Given rho against stock's rollout, the converted simulator rho makes the simulated stock run's own
     train time / rollout time equal it; the simulator's rho (over R_LB) is the larger, since stock's rollout is
-    never under R_LB (the issue's direction: stock-relative 0.1 is a larger simulator rho)."""
+    never under R_LB (so a stock-relative 0.1 is a larger simulator rho)."""
     from mindspeed_asp.experiments import sweep
 
     cfg = sweep.SweepConfig(instances=8, slots=32, minibatch=8, rho_stock=0.1, max_lag=2,
@@ -247,8 +247,8 @@ def test_rho_stock_is_the_stock_runs_measured_train_over_rollout():
 @pytest.mark.parametrize("dispatch,steal", [("plan", False), ("plan", True), ("fifo", False)])
 def test_lag_budget_is_dealt_one_group_at_a_time_to_the_least_loaded_instance(dispatch, steal):
     """2 instances x 32 slots, n=4, minibatch 8 groups, max_lag 0: every version's budget of 8 groups is split
-    4+4 as the runtime's dispatcher hands them out (fewest groups in flight first); the first instance woken
-    filling its 32 slots with all 8 (8+0) was the simulator's old, greedy admission."""
+    4+4 as the runtime's dispatcher hands them out (fewest groups in flight first), never 8+0 with the first
+    instance woken filling its 32 slots (docs/decisions/0003-simulator-takes-the-runtimes-dispatch.md)."""
     G, n, m = 32, 4, 2
     L = np.full((G, n), 50)
     P = np.full(G, 10)

@@ -1,10 +1,10 @@
 """Every registered planner through the simulator on small random problems: stale policy x KV budget
 (none, tight, loose) x planner, each run to completion.
 
-Why: the issue's crash (stale policy "regenerate" + a KV budget + the ASP planner) came from a combination no
+Why: a crash (stale policy "regenerate" + a KV budget + the ASP planner) can come from a combination no
 test ran; here each planner the registry offers without an oracle, and oracle_asp fed an oracle estimate,
 meets each stale policy and each KV level, and every run must train every group exactly once, keep its
-metrics finite, and never end its rollout below the rollout lower bound R_LB (docs/design.md section 5).
+metrics finite, and never end its rollout below the rollout lower bound R_LB (docs/design.md#lower-bounds).
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ def _digest(wl: SyntheticRLWorkload) -> str:
     return h.hexdigest()[:16]
 
 
-# Recorded with the generator before the modes existed: the default and small streams must not move
-# (tests and recorded benchmark figures depend on them).
+# Digests of the default and small streams: they must not move (tests and recorded benchmark figures depend on
+# them).
 @pytest.mark.parametrize("make,expected", [
     (lambda: SyntheticRLWorkload(300, n=8, epochs=3, seed=0), "1e20952659c4c693"),
     (lambda: SyntheticRLWorkload(300, n=8, epochs=3, seed=7), "90cd8647b608b631"),

@@ -1,6 +1,6 @@
 """`asp compare RUN...`: side-by-side table of runs with ratios against the first one.
 
-A run is anything a loader can turn into a summary dict with docs/design.md section 5 names: a run directory
+A run is anything a loader can turn into a summary dict with docs/design.md#metrics names: a run directory
 written by `asp train` (its summary.json), or a MindSpeed-RL training log file (through the integration's
 log reader, when installed). Loaders are pluggable: `register_loader(predicate, loader)`.
 """
@@ -23,7 +23,7 @@ _LOADERS: List[Tuple[Callable[[Path], bool], Loader]] = []
 #: (column title, summary keys tried in order, ratio sense): +1 higher is better, -1 lower is better, 0 none.
 Column = Tuple[str, Tuple[str, ...], int]
 
-#: ASP run directories: docs/design.md section 5 names (MindSpeed-RL's names as fall-backs).
+#: ASP run directories: docs/design.md#metrics names (MindSpeed-RL's names as fall-backs).
 COLUMNS: List[Column] = [
     ("e2e_tps", ("throughput/e2e_tps", "e2e_tps"), +1),
     ("rollout tok/s", ("throughput/rollout_tps", "vllm_tps"), +1),
@@ -46,7 +46,7 @@ LEARNING_COLUMNS: List[Column] = [
 ]
 
 #: Used as soon as one run is a MindSpeed-RL log, so stock MindSpeed-RL and ASP line up under MindSpeed-RL's
-#: own metric names; an ASP run directory answers with its docs/design.md names.
+#: own metric names; an ASP run directory answers with its docs/design.md#metrics names.
 MSRL_COLUMNS: List[Column] = [
     ("e2e_tps", ("e2e_tps", "throughput/e2e_tps"), +1),
     ("vllm_tps", ("vllm_tps", "throughput/rollout_tps"), +1),
@@ -73,7 +73,7 @@ OFFPOLICY_COLUMNS: List[Column] = [
 
 
 #: Appended when a stock run is among those compared: each run's train time per update over the stock run's
-#: rollout time per update (rho against stock's measured rollout, docs/design.md section 5).
+#: rollout time per update (rho against stock's measured rollout, docs/design.md#rho-and-rho_stock).
 RHO_STOCK_KEY = "rho/stock"
 RHO_COLUMNS: List[Column] = [("rho_stock", (RHO_STOCK_KEY,), 0)]
 
@@ -183,7 +183,7 @@ def with_rho_stock(runs: Sequence[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]]
 
 def devices_notes(runs: Sequence[Dict[str, Any]]) -> List[str]:
     """Which devices each run's e2e_tps divided by, and warnings where a figure was computed another way (a
-    summary written before the all-devices definition records no `devices`)."""
+    summary without a `devices` record divided by the rollout instances only)."""
     parts, old = [], []
     for r in runs:
         name = str(r.get("name", "?"))
@@ -199,9 +199,9 @@ def devices_notes(runs: Sequence[Dict[str, Any]]) -> List[str]:
             old.append(name)
     notes = [f"e2e_tps = {E2E_TPS_TEXT}; devices: " + ", ".join(parts)]
     if old:
-        notes.append("warning: " + ", ".join(old) + " recorded no devices (a summary from before the all-devices "
-                     "definition: its e2e_tps divided by the rollout instances only), so e2e_tps ratios with it "
-                     "are not like-for-like; re-run it or compare iteration times")
+        notes.append("warning: " + ", ".join(old) + " recorded no devices (its e2e_tps divided by the rollout "
+                     "instances only), so e2e_tps ratios with it are not like-for-like; re-run it or compare "
+                     "iteration times")
     return notes
 
 
@@ -250,7 +250,7 @@ def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]
     note = "ratios vs the first run, x > 1 is better (throughput higher, times lower)"
     if stock_name is not None:
         note += (f"; rho_stock = train s per update / the rollout s per update of stock run {stock_name} "
-                 "(docs/design.md section 5)")
+                 "(docs/design.md#rho-and-rho_stock)")
     targets = sorted({r["learning/target_reward"] for r in runs if r.get("learning/target_reward") is not None})
     if targets:
         note += ("; reward = mean of the last quarter of the updates; R* = target reward "

@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--cost", default=None, help="cost-model JSON from `asp fit-cost` (keys a, b, c[, p])")
     p.add_argument("--rho", type=positive_float, default=None,
                    help="trainer work / the window's rollout lower bound R_LB (default 1.0); rho_stock, over "
-                        "stock's rollout, is smaller: docs/design.md section 5")
+                        "stock's rollout, is smaller: docs/design.md#rho-and-rho_stock")
     p.add_argument("--kv-budget", type=positive_int, default=None,
                    help="KV budget per instance, tokens (default: --config's asp.kv_budget_tokens, else unbounded)")
     p.add_argument("--max-lag", type=nonneg_int, default=None,

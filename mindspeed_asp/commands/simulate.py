@@ -91,14 +91,14 @@ def register(subparsers) -> None:
     p.add_argument("--minibatch", type=positive_int, default=32, help="M, groups per trainer update")
     p.add_argument("--rho", type=nonneg_float, default=None,
                    help="trainer work / rollout lower bound R_LB (default 1.0); the output also gives it against "
-                        "stock's rollout (rho_stock, docs/design.md section 5)")
+                        "stock's rollout (rho_stock, docs/design.md#rho-and-rho_stock)")
     p.add_argument("--rho-stock", type=nonneg_float, default=None,
                    help="instead of --rho: trainer work / stock's simulated rollout of the window")
     p.add_argument("--overhead", type=nonneg_float, default=0.0, help="fixed seconds per trainer update")
     p.add_argument("--max-lag", type=nonneg_int, default=1)
     p.add_argument("--stale-policy", choices=STALE_POLICIES, default=DEFAULT_STALE_POLICY,
                    help="stream mode: what happens to a group the lag audit finds stale, as the runtime's "
-                        "asp.stale_policy (under the shared policy none does; see docs/design.md)")
+                        "asp.stale_policy (under the shared policy none does; see docs/design.md#lag-audit)")
     p.add_argument("--sync-time", type=nonneg_float, default=0.0, help="seconds per weight-sync round")
     p.add_argument("--mode", choices=("stream", "stock", "single"), default="stream")
     p.add_argument("--work-stealing", action=argparse.BooleanOptionalAction, default=None,

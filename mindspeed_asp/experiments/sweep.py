@@ -1,7 +1,7 @@
 """Side-by-side runs of several planners on one workload and seeds: shared by `asp simulate` and the benchmark.
 
 It sits above the scheduler, the simulator and the workloads (it plans, simulates and resolves workloads), so
-none of those imports it (docs/design.md section 3).
+none of those imports it (docs/design.md#layering).
 
 Why one place: the comparison must use the same workload, estimate, trainer (alpha from rho) and seeds for
 every planner, and the CLI table and the benchmark tables must mean the same thing.
@@ -10,7 +10,7 @@ Conventions:
 - the trainer's alpha is set so that total train time = rho * R_LB of the workload's true lengths under the
   simulated cluster (R_LB does not depend on any planner, so every planner faces the same trainer); each run
   also reports `rho_stock`, the same trainer time over stock's simulated rollout of the window (the `stock`
-  planner in the barrier mode on the same instances; docs/design.md section 5), and `rho_stock` may be given
+  planner in the barrier mode on the same instances; docs/design.md#rho-and-rho_stock), and `rho_stock` may be given
   instead of rho (`SweepConfig.rho_stock`), converted with `mindspeed_asp.metrics.rho_rlb_from_stock`;
 - non-oracle planners see the history estimate (or the `estimator` chosen); `oracle_*` planners see the
   OracleEstimator (true lengths);
@@ -47,7 +47,7 @@ class SweepConfig:
     kv_budget: Optional[int] = None
     minibatch: int = 32
     rho: float = 1.0  # trainer time / R_LB; ignored when rho_stock is set
-    rho_stock: Optional[float] = None  # trainer time / stock's rollout (docs/design.md section 5), if given
+    rho_stock: Optional[float] = None  # trainer time / stock's rollout (docs/design.md#rho-and-rho_stock), if given
     max_lag: int = 1
     mode: str = "stream"
     sync_time: float = 0.0
@@ -294,11 +294,11 @@ def rho_line(rows: Dict[str, Dict[str, float]]) -> str:
     """Both rho definitions of the trainer the runs faced (mean over seeds; the same for every planner)."""
     met = next(iter(rows.values()))
     return (f"trainer: rho={met['rho']:.3g} (train time / R_LB), rho_stock={met['rho_stock']:.3g} "
-            "(train time / stock's rollout of the window; docs/design.md section 5)")
+            "(train time / stock's rollout of the window; docs/design.md#rho-and-rho_stock)")
 
 
 def e2e_line(results: Dict[str, List[SimResult]]) -> str:
-    """Which devices each row's e2e_tps divided by (docs/design.md section 5: every device the run uses)."""
+    """Which devices each row's e2e_tps divided by (docs/design.md#e2e_tps: every device the run uses)."""
     seen = {label: rs[0].devices.describe() for label, rs in results.items() if rs and rs[0].devices}
     parts = sorted(set(seen.values()))
     if len(parts) == 1:

@@ -1,7 +1,7 @@
 """The what-if sweep behind `asp whatif` and benchmarks/bench_whatif.py: split x max_lag x planner.
 
 It sits above the simulator, the scheduler and the workloads (it plans and resolves workloads,
-docs/design.md section 3). Why one place: the command, the benchmark and the docs must compare colocated
+docs/design.md#layering). Why one place: the command, the benchmark and the docs must compare colocated
 stock with the splits under the same cluster model, workload windows and throughput definition.
 """
 from __future__ import annotations
@@ -75,8 +75,7 @@ def check_shape(s: Setting, windows: int, slots_key: str = "--slots", groups_key
     """Refuse, naming the flag (or config key), a shape `asp plan` and `asp simulate` refuse too: fewer slots
     than a group's n samples (the planners and the cluster model put a group's n samples on one instance
     together, as the runtime dispatches it), and slots or windows x groups whose simulation cannot fit this
-    machine's memory (estimated before the workload is synthesised; was a refusal naming the workload's
-    `prompts/n`, or none at all for slots)."""
+    machine's memory (estimated before the workload is synthesised)."""
     from mindspeed_asp.memory_budget import check_fits as check_memory, planning_bytes, synthesis_bytes
 
     if s.slots < s.n:

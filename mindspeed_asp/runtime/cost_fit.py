@@ -1,7 +1,7 @@
 """Measure vLLM step times on this machine for the cost model (`asp fit-cost`).
 
 Why: the offline pass and the simulator price a decode step as `a + b*active + c*KV (+ p*prefill)`
-(docs/design.md section 11.2); the parameters must come from the engine users actually run, never from
+(docs/design.md#cost-model); the parameters must come from the engine users actually run, never from
 guesses in code. This module only measures: it drives a real in-process vLLM engine through a sweep of
 (batch, context) and records the wall time of every engine step with its active sequences, KV tokens and
 prefill tokens. The fit, the cost file and its checks are `mindspeed_asp.cost_model`'s, shared with the

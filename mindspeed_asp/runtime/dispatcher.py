@@ -7,7 +7,7 @@ robs, where a group sent back goes, and how many groups the max-lag bound admits
 (`mindspeed_asp/policy.py`, shared with the simulator); the dispatcher reports its dispatches and lost groups
 to the `LagPolicy` it is given.
 
-Three policies, one per runtime mode (docs/design.md section 6):
+Three policies, one per runtime mode (docs/design.md#modes):
 
 - `stock`: MindSpeed-RL's default. Each iteration's groups are cut into contiguous, dataset-ordered chunks,
   one per instance, and every chunk is submitted at once; no stealing.

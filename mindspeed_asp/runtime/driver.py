@@ -1,4 +1,4 @@
-"""The run loop of the asynchronous runtime, one code path for the three modes (docs/design.md section 6).
+"""The run loop of the asynchronous runtime, one code path for the three modes (docs/design.md#runtime-loop).
 
 - `stock`: MindSpeed-RL's default schedule. Iteration k takes the next M groups in dataset order, cuts them
   into contiguous chunks (one per instance), waits for the slowest instance, trains, syncs weights.
@@ -169,7 +169,7 @@ class Driver:
         self.startup.model_ready(self.model_path)
         self.task, self.prompt_set = task_and_prompts(cfg, self.model_path)
         self.prompt_list = self.task.prompts()
-        # e2e_tps over every device the run uses: one per instance plus the trainer's (docs/design.md section 5)
+        # e2e_tps over every device the run uses: one per instance plus the trainer's (docs/design.md#e2e_tps)
         self.recorder = RunRecorder(self.out, mode=self.mode, instances=cfg.asp.instances, slots=cfg.asp.slots,
                                     minibatch_groups=self.M, max_lag=self.control.max_lag, clock=time.time,
                                     target_reward=cfg.run.target_reward,

@@ -18,9 +18,9 @@ API (what the dispatcher and the driver call; all methods are Ray actor methods)
       .set_version(v)                       version stamped on tokens generated from now on
       .shutdown()
 
-Changes against the brief's API (additive only): `submit` takes `stolen=` so the thief's results carry
-`stolen=True`; `receive_weights` takes `bucket_bytes=` (sender and receivers must plan the same
-buckets); `SampleResult` also carries `token_versions`.
+`submit` takes `stolen=` so the thief's results carry `stolen=True`; `receive_weights` takes `bucket_bytes=`
+(sender and receivers must plan the same buckets); `SampleResult` carries `token_versions` (the version in
+force at each token's engine step).
 
 Why the engine step loop: a background thread drives vLLM V1's `LLMEngine.add_request/step`, so
 continuous batching spans queue entries (a new group is admitted as soon as slots free up, not when the
@@ -501,7 +501,7 @@ def start_instances(configs: Sequence[EngineConfig], platform: Optional[Platform
                     env: Optional[Dict[str, str]] = None) -> Tuple[List[Any], List[Dict[str, Any]]]:
     """Create and start one instance per config, one after another, each with a timeout and retries.
 
-    Sequential because two vLLM instances started at the same moment once hung at start-up on a small
+    Sequential because two vLLM instances started at the same moment can hang at start-up on a small
     host; a start that exceeds `timeout_s` kills that actor and tries a fresh one.
     """
     actors, infos = [], []

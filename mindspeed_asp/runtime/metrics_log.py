@@ -1,6 +1,6 @@
 """Run metrics: one JSON line per training step, a trace for plots, and a summary JSON.
 
-Names follow docs/design.md section 5 (`bubble/*`, `lag/*`, `throughput/e2e_tps`, `time/*`) so stock, async and
+Names follow docs/design.md#metrics (`bubble/*`, `lag/*`, `throughput/e2e_tps`, `time/*`) so stock, async and
 ASP runs (and MindSpeed-RL logs, through the log reader) compare line by line. The recorder only collects
 timestamps the driver already has; every number in the summary is computed here from those raw events, so
 the definitions live in one place.
@@ -52,7 +52,7 @@ class GroupSpan:
 
 @dataclass
 class RunRecorder:
-    """Collects raw events during a run and turns them into docs/design.md section 5 metrics."""
+    """Collects raw events during a run and turns them into the metrics of docs/design.md#metrics."""
 
     out_dir: Path
     mode: str
@@ -207,7 +207,7 @@ class RunRecorder:
 
     # ---------------------------------------------------------------- metrics
     def summary(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """All docs/design.md section 5 metrics over the run (plus `extra`), as a flat dict."""
+        """Every metric of docs/design.md#metrics over the run (plus `extra`), as a flat dict."""
         s: Dict[str, Any] = {"mode": self.mode, "instances": self.instances, "max_lag": self.max_lag,
                              "steps": len(self.steps), "devices": self.devices.to_dict()}
         s.update(lag_stats(self.lags, self.max_lag))
@@ -283,7 +283,7 @@ class RunRecorder:
         out["throughput/rollout_tps"] = gen / max(busy.values()) if busy and max(busy.values()) > 0 else 0.0
         out["time/run"] = span
         if self.mode == "stock" and out.get("time/rollout_total", 0.0) > 0:
-            # the stock run's own rho (docs/design.md section 5); other modes get it from a stock run in compare
+            # the stock run's own rho (docs/design.md#rho-and-rho_stock); other modes get it from a stock run in compare
             out["rho_stock"] = rho_stock(out.get("time/train_total", 0.0), out["time/rollout_total"])
         return out
 

@@ -1,9 +1,9 @@
 """The runtime's own cost model and rho, measured while it runs, for planning its later windows.
 
-Why: a plan is only as good as the step cost and the trainer/rollout ratio it is scored with
-(docs/design.md sections 11.2 and 11.3). A default, GPU-like cost model and rho = 1 describe some other
-machine; the engines the run actually drives report every step they take (`RolloutInstanceImpl.step_log`),
-and the trainer's update times are measured by the driver. Two estimators, both plain numpy:
+Why: a plan is only as good as the step cost and the trainer/rollout ratio it is scored with (docs/design.md#cost-model
+and docs/design.md#arrival-smoothing). A default, GPU-like cost model and rho = 1 describe some other machine; the
+engines the run actually drives report every step they take (`RolloutInstanceImpl.step_log`), and the trainer's update
+times are measured by the driver. Two estimators, both plain numpy:
 
 - `OnlineCostFit`: the engine steps seen so far -> `cost_model.fit_cost_model` (the same fit rule as
   `asp fit-cost`), refitted when enough new steps came in; until it has `min_steps` steps (or when the steps

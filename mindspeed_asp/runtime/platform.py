@@ -1,6 +1,6 @@
 """The one place that knows which hardware this process runs on: cpu, cuda (NVIDIA GPU) or npu (Ascend).
 
-Why: the same runtime runs on three tiers (docs/design.md section 2). Everything hardware-specific (device
+Why: the same runtime runs on three tiers (docs/design.md#platforms). Everything hardware-specific (device
 type, the torch device module, the collective backend for weight sync, the visible-devices variable Ray
 sets, the Ray resource name, what the engine can do) is decided here once per process, following
 vLLM's `current_platform`. Other modules never write "cuda" or `torch.cuda`; they ask this object.

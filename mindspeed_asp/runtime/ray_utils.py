@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from mindspeed_asp.runtime.platform import Platform, current_platform
 
@@ -64,6 +65,9 @@ def start_local_ray(num_cpus: int = 8, object_store_mb: int = 512, platform: Opt
 
     if ray.is_initialized():
         return {"reused": True, "address": ray.get_runtime_context().gcs_address}
+    warning = exposure_warning(os.environ)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     os.environ.pop("RAY_ADDRESS", None)  # never attach to someone else's cluster by accident
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     env_vars = dict(actor_env(platform))
@@ -82,6 +86,17 @@ def start_local_ray(num_cpus: int = 8, object_store_mb: int = 512, platform: Opt
     kwargs.update(init_kwargs)
     ctx = ray.init(**kwargs)
     return {"reused": False, "address": getattr(ctx, "address_info", {}).get("gcs_address")}
+
+
+def exposure_warning(env: Mapping[str, str]) -> Optional[str]:
+    """The warning a local Ray started with token authentication switched off gets: Ray 2.60's GCS, raylet
+    and worker servers listen on every interface whatever the node address (no setting binds them to
+    loopback), so the token is what keeps other hosts out (docs/runtime.md, "Network exposure")."""
+    if env.get("RAY_AUTH_MODE", "").strip().lower() != "disabled":
+        return None
+    return ("asp: warning: RAY_AUTH_MODE=disabled: the local Ray's ports listen on every interface (Ray cannot "
+            "bind them to loopback) and now accept anyone who reaches them; unset RAY_AUTH_MODE on a host "
+            "reachable from other networks")
 
 
 def start_local_ray_shielded(**kwargs: Any) -> Dict[str, Any]:

@@ -4,7 +4,7 @@ The runtime generates an epoch window by window. Every finished group is appende
 Lines, the format `LengthHistory.append_rollout_log` reads) and to the in-memory history; when the
 dispatcher needs the next window, `WindowPlanner.plan` estimates that window's lengths from the history as it
 is now (so epoch e+1 is planned with what epoch e just showed, and the policy's length drift is followed)
-and asks the configured planner (docs/design.md section 4) for per-instance queues and minibatch tags.
+and asks the configured planner (docs/design.md#planning) for per-instance queues and minibatch tags.
 
 The plan is scored with the cost model and rho of the machine the run is on: the first window with the
 configured ones, every later window (with `asp.online_fit`) with the cost fitted from the engines' own steps

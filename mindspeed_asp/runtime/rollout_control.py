@@ -214,13 +214,12 @@ class RolloutControl:
                     unfinished: Sequence[Tuple[int, int]], counters: Dict[str, int],
                     isolated: Sequence[int] = (), dispatch: Optional[Dict[str, Any]] = None,
                     group_id: Callable[[int], Hashable] = str) -> int:
-        """Continue from a `cut()` in this fresh control. With the cut's `dispatch` state (every checkpoint
-        written since it was added), the restart is the standalone runtime's (`_restore_dispatch`): counters
-        and queues as saved, the groups that were generating back to the front. Without it (an older
-        checkpoint): the trained groups keep their place in the admission count, the finished ones wait under
-        their saved versions, the unfinished ones are loaded as one window on the instance queues they had.
-        `group_id(gid)` is how the caller's requests name a group (the MindSpeed-RL adapter: the str of its gid),
-        so a trained group's late duplicate is still refused. Returns the groups queued."""
+        """Continue from a `cut()` in this fresh control. With the cut's `dispatch` state, the restart is the standalone
+        runtime's (`_restore_dispatch`): counters and queues as saved, the groups that were generating back to the
+        front. Without it (a cut that carries no `dispatch` state): the trained groups keep their place in the admission
+        count, the finished ones wait under their saved versions, the unfinished ones are loaded as one window on the
+        instance queues they had. `group_id(gid)` is how the caller's requests name a group (the MindSpeed-RL adapter:
+        the str of its gid), so a trained group's late duplicate is still refused. Returns the groups queued."""
         if self.dispatcher.dispatched or self.trained or self.dispatcher.queued():
             raise RuntimeError("restore needs a fresh rollout control")
         self.trained = [int(g) for g in trained]

@@ -89,7 +89,7 @@ class RolloutPool:
     # ================================================================== start-up
     def start(self) -> None:
         """Reserve one bundle per instance, then start instances one after the other (simultaneous vLLM
-        starts once hung on a small host), each retried once in its bundle."""
+        starts can hang on a small host), each retried once in its bundle."""
         import ray
         from ray.util.placement_group import placement_group
 

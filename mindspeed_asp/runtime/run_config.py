@@ -139,7 +139,7 @@ class TrainerSection(ObjectiveSection):
     max_grad_norm: float = Field(1.0, gt=0.0)
     threads: int = Field(1, ge=1, le=MAX_COUNT, description="torch threads of the trainer")
     devices: int = Field(DEFAULT_TRAINER_DEVICES, ge=1, le=MAX_COUNT, description="devices the trainer counts as in "
-                         "throughput/e2e_tps (every device the run uses, docs/design.md section 5); the reference "
+                         "throughput/e2e_tps (every device the run uses, docs/design.md#e2e_tps); the reference "
                          "trainer is one process: 1")
 
 

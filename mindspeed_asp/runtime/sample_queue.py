@@ -1,6 +1,6 @@
 """The sample queue between rollout instances and the trainer.
 
-Every rule it applies is the shared policy's (`mindspeed_asp/policy.py`, docs/design.md "The policy"), so
+Every rule it applies is the shared policy's (`mindspeed_asp/policy.py`, docs/design.md#shared-policy), so
 the simulator trains in the same order under the same bound:
 
 1. **Admission** happens at dispatch (`Dispatcher.fill` asks the `LagPolicy`); the queue reports the groups
@@ -219,6 +219,6 @@ class SampleQueue:
                     "queue/occupancy": len(self._pending)}
 
     def lag_stats(self) -> Dict[str, float]:
-        """`lag/{mean,p99,max,frac_over_bound}` over every sample trained so far (docs/design.md section 5)."""
+        """`lag/{mean,p99,max,frac_over_bound}` over every sample trained so far (docs/design.md#lag-metrics)."""
         with self._lock:
             return metrics.lag_stats(self.all_lags, self.policy.max_lag)

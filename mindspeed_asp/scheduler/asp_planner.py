@@ -1,4 +1,4 @@
-"""The ASP offline planner, "BLT" (Balance - Laxity - Token curve), docs/design.md section 11.5.
+"""The ASP offline planner, "BLT" (Balance - Laxity - Token curve), docs/design.md#planning.
 
 Pipeline for one window: fluid group moments -> tail placement (LPT of the groups whose solo time exceeds
 theta * R_LB, one per instance while possible) or isolation of dominant groups (a group whose solo time is a
@@ -389,7 +389,7 @@ def _score(problem: PlanningProblem, cands: List[Assignment], rng: np.random.Gen
            ) -> Tuple[List[Tuple[float, float, float, float]], float, int, np.ndarray]:
     """(mean e2e, p90 e2e, mean rollout, mean KV preemptions) of every candidate over sampled scenarios.
 
-    Scored with the event simulator (the planner sits above it, docs/design.md section 3) at the problem's
+    Scored with the event simulator (the planner sits above it, docs/design.md#layering) at the problem's
     size: its slots and KV budget (preemptions cost recompute time there, as in the engine), streaming
     trainer with the problem's max_lag and work stealing (the regime the plan runs in), alpha set so that
     training the window takes rho times the mean rollout bound R_LB of the scenarios (as `trainer_for_rho`

@@ -1,4 +1,4 @@
-"""Baseline planners of docs/design.md section 4; they produce the same Assignment as ASP, so every comparison
+"""Baseline planners of docs/design.md#baselines; they produce the same Assignment as ASP, so every comparison
 runs through the same plan file, dispatcher and simulator.
 
 Baselines leave minibatch tags at -1: their trainers take finished groups in arrival order.

@@ -1,7 +1,7 @@
 """The length history: observed response lengths per prompt id and epoch.
 
-The same prompt is sampled every epoch in RL, and its earlier lengths are the best cheap predictor of its next
-ones (docs/design.md section 4). The store is columnar (one record = prompt id, epoch, the n observed lengths) and
+The same prompt is sampled every epoch in RL, and its earlier lengths are the best cheap predictor of its next ones
+(docs/design.md#length-estimation). The store is columnar (one record = prompt id, epoch, the n observed lengths) and
 kept as flat numpy arrays, so 10^5 prompts x several epochs load, merge and gather in well under a second.
 
 File formats, chosen by suffix:

@@ -65,7 +65,7 @@ _BASE: Dict[str, Planner] = {
 
 PLANNERS: Dict[str, Planner] = {name: _named(fn, name) for name, fn in _BASE.items()}
 PLANNERS["dataset_order"] = _named(baselines.plan_stock, "dataset_order")  # alias of stock
-# FIFO in docs/design.md section 11.4: dataset order dealt round-robin to instances.
+# FIFO in docs/design.md#baselines: dataset order dealt round-robin to instances.
 PLANNERS["fifo"] = _named(baselines.plan_round_robin, "fifo")
 for _name in ORACLE_OF:
     PLANNERS[ORACLE_PREFIX + _name] = _oracle(_BASE[_name], ORACLE_PREFIX + _name)

@@ -4,7 +4,7 @@ Why a fluid evaluator of our own: choosing the planner's free parameters needs t
 window, and the speed target (10^5 groups in seconds) rules out an event simulation of every decode step.
 The fluid model admits a group when the slot area before it has drained, finishes it with its longest sample,
 converts steps to seconds with the instance's own step-cost sum, and feeds the streaming trainer recursion
-of docs/design.md section 11.3 (F_k = max(A_k, F_{k-1}) + tau_k). The event simulator in `mindspeed_asp.sim`
+of docs/design.md#arrival-smoothing (F_k = max(A_k, F_{k-1}) + tau_k). The event simulator in `mindspeed_asp.sim`
 is the reference; this is the cheap proxy used inside the planner.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ import numpy as np
 from mindspeed_asp.types import PlanningProblem
 
 
-# Log-scale error of a predicted median when the estimate does not carry a measured one in
-# `params["pred_log_error"]` (build.estimate_lengths measures it from the history's last two epochs):
-# between the Alpaca trace's ~0.35 (docs/design.md section 11.1) and drifting RL lengths (~0.55 on the synthetic
-# workload); cold-start predictions are far looser.
+# Log-scale error of a predicted median when the estimate does not carry a measured one in `params["pred_log_error"]`
+# (build.estimate_lengths measures it from the history's last two epochs): between the Alpaca trace's ~0.35
+# (docs/estimation.md, "Measured figures") and drifting RL lengths (~0.55 on the synthetic workload); cold-start
+# predictions are far looser.
 PRED_LOG_ERROR_HISTORY = 0.5
 PRED_LOG_ERROR_COLD = 0.8
 

@@ -1,4 +1,4 @@
-"""Length-stratified minibatch tags (docs/design.md section 11.3 and 8.1 step 5).
+"""Length-stratified minibatch tags (docs/design.md#arrival-smoothing and docs/design.md#planning, step 5).
 
 Why stratify: response length correlates with difficulty and correctness, so a minibatch made only of
 short (or only of long) groups changes the gradient (RollPacker's "distortion", SortedRL's curriculum). And

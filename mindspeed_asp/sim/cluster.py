@@ -17,7 +17,7 @@ around it (docs/simulator.md, "Cluster model"):
 - one throughput definition, MindSpeed-RL's e2e_tps: (prompt + response tokens) / (every device the run uses
   x seconds): trainer + rollout devices for a split, all N once for colocated stock.
 
-Planning stays above the simulator (docs/design.md section 3): callers pass `plan(problem) -> Assignment`.
+Planning stays above the simulator (docs/design.md#layering): callers pass `plan(problem) -> Assignment`.
 """
 from __future__ import annotations
 

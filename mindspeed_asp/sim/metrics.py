@@ -1,4 +1,4 @@
-"""The simulator's lower bounds and the bubbles only a simulation sees, as docs/design.md section 5 defines them.
+"""The simulator's lower bounds and the bubbles only a simulation sees, as docs/design.md#metrics defines them.
 
 Why here: a bound that is wrong by a little makes every "% above bound" meaningless, so the bounds live in one
 place with tests that no simulated plan ever beats them. The metrics a measured run reports too (lag
@@ -52,7 +52,7 @@ def _solo_times(lengths: np.ndarray, prompt_lens: np.ndarray, cost, scale: float
 
 def group_work(lengths: np.ndarray, prompt_lens: np.ndarray, cost: CostModel, slots: int,
                scale: float = 1.0) -> np.ndarray:
-    """Cross-instance work w_g of each group (docs/design.md section 11.2): a lower bound on the time it adds."""
+    """Cross-instance work w_g of each group (docs/design.md#cost-model): a lower bound on the time it adds."""
     L = np.asarray(lengths, dtype=np.float64)
     P = np.broadcast_to(np.asarray(prompt_lens, dtype=np.float64)[:, None], L.shape)
     return scale * cost.sequence_work(L, P, slots).sum(axis=1)
@@ -114,7 +114,7 @@ def instance_step_bounds(orders: Sequence[np.ndarray], lengths: np.ndarray, prom
 def lower_bounds(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, spec: InstanceSpec, cost,
                  trainer=None, sync_time: float = 0.0, orders: Optional[Sequence[np.ndarray]] = None,
                  scale: float = 1.0, syncs: Optional[int] = None) -> Dict[str, float]:
-    """Every lower bound of docs/design.md section 5 that the inputs allow.
+    """Every lower bound of docs/design.md#lower-bounds that the inputs allow.
 
     Keys: rollout/{R_LB, work_bound, solo_bound, pair_bound, anchor_bound, kv_work_bound};
     steps/LB (sum over instances, needs `orders`);
@@ -205,7 +205,7 @@ def sorting_metrics(arrivals: np.ndarray, mb_ready: np.ndarray, mb_start: np.nda
     """bubble/sorting and its diagnostics from the group arrivals and the trainer's busy intervals.
 
     bubble/sorting = time the trainer is idle while rollout is still active and the queue holds fewer than M
-    finished groups, over the run time (docs/design.md 5). Also: bubble/startup (wait for the first minibatch /
+    finished groups, over the run time (docs/design.md#bubbles). Also: bubble/startup (wait for the first minibatch /
     run time), bubble/queue_cv (time-weighted CV of queue occupancy), bubble/arrival_gap_cv (CV of the gaps
     between minibatch ready times), bubble/queue_starved (share of rollout time the queue holds < M groups).
     """

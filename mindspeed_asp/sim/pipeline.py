@@ -1,12 +1,12 @@
 """The simulated RL pipeline: instances, a streaming trainer, the max-lag bound and weight sync.
 
-Why: planners are judged end to end (docs/design.md section 5). A plan that minimises the rollout makespan can
+Why: planners are judged end to end (docs/design.md#metrics). A plan that minimises the rollout makespan can
 still starve a streaming trainer, so the simulator couples the instance model (engine.py) with the trainer in
 one event loop and reports every metric and bound under the project's names.
 
 Modes:
 - "stream": the runtime's asynchronous modes under the runtime's policy (`mindspeed_asp/policy.py`, the
-  same `LagPolicy` the runtime's dispatcher and sample queue drive; docs/design.md section 6.1).
+  same `LagPolicy` the runtime's dispatcher and sample queue drive; docs/design.md#shared-policy).
   Instances follow their plan queues (asp; `dispatch="fifo"`: one queue in dataset order, the runtime's
   async mode). A group is dispatched (its first sample admitted) only while the policy admits it
   (`accepted < (version + max_lag + 1) * M`). An update starts when M groups are ready and the policy's
@@ -54,7 +54,7 @@ __all__ = ["MODES", "STALE_POLICIES", "SimResult", "run_devices", "simulate_pipe
 class SimResult:
     """Everything one simulated run measured.
 
-    `metrics` uses docs/design.md section 5 names; `bounds` the lower bounds; `above` "% above bound" for
+    `metrics` uses docs/design.md#metrics names; `bounds` the lower bounds; `above` "% above bound" for
     time/rollout (vs rollout/R_LB), time/iteration (vs the e2e bound of the mode) and steps (vs steps/LB).
     Per-minibatch arrays: `mb_ready` (all its groups finished), `mb_start`, `mb_finish` (update done),
     `mb_sync_end`, `mb_groups`, `mb_tokens`. `queue_t`/`queue_q` is the ready-queue occupancy step function.
@@ -268,8 +268,8 @@ def simulate_pipeline(problem: PlanningProblem, assignment: Assignment, true_len
     """Simulate one window (iteration) of `problem` dispatched by `assignment`, with the true lengths.
 
     `trainer.minibatch` is M in groups. `sync_time` is one weight-sync round (seconds). `devices_per_instance`
-    and `trainer_devices` only set the devices `throughput/e2e_tps` divides by (`run_devices`; docs/design.md
-    section 5). `with_bounds=False` skips the bounds (for
+    and `trainer_devices` only set the devices `throughput/e2e_tps` divides by (`run_devices`;
+    docs/design.md#e2e_tps). `with_bounds=False` skips the bounds (for
     planners that call this inside a search loop). `work_stealing` None means on for "stream", off otherwise.
     `dispatch="fifo"` hands groups out in dataset order from one queue (the runtime's async mode); a shared
     plan (`assignment.shared`) is handed out from one queue in its own order (`dispatch="shared"`).
@@ -417,7 +417,7 @@ def _run_barrier(cl: InstanceSim, trainer: TrainerModel, tok: np.ndarray, sync_t
 
 def _metrics(run: _Run, L: np.ndarray, tok: np.ndarray, spec: InstanceSpec, trainer: TrainerModel, mode: str,
              max_lag: int, sync_time: float, devices: DeviceCount) -> Dict[str, float]:
-    """Every metric under its docs/design.md section 5 name."""
+    """Every metric under its docs/design.md#metrics name."""
     trace, rec, total_time = run.trace, run.rec, run.total_time
     rollout_end = trace.makespan
     total_L = float(L.sum())

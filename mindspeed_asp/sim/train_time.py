@@ -5,7 +5,7 @@ applied by sim/pipeline.py).
 
 Why tokens: a GRPO/PPO update's forward+backward cost grows with the tokens it processes (prompt and
 response), so a minibatch of M groups takes `alpha * tokens + overhead` seconds. rho, the ratio of trainer
-work to rollout time, decides which dispatch order is best (docs/design.md section 11.3), so benchmarks
+work to rollout time, decides which dispatch order is best (docs/design.md#arrival-smoothing), so benchmarks
 set alpha from rho instead of guessing it.
 """
 from __future__ import annotations

@@ -73,7 +73,7 @@ def _parse_options(text: str, spec: str, allowed: Dict[str, type]) -> Dict[str, 
 
 
 def _synthetic_mode(opts: Dict[str, object]) -> str:
-    """The generator mode named by `mode=` (or the older `regime=rl|small`), removed from `opts`."""
+    """The generator mode named by `mode=` (or its alias `regime=rl|small`), removed from `opts`."""
     from mindspeed_asp.workloads.synthetic import MODES
 
     mode = opts.pop("mode", None)

@@ -1,4 +1,4 @@
-"""Seeded synthetic RL response lengths (docs/design.md section 9), for planning and simulation without data.
+"""Seeded synthetic RL response lengths (docs/design.md#workloads-and-tasks), for planning and simulation without data.
 
 Model, per prompt i, epoch e and sample s (all logs natural):
 

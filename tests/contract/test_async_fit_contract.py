@@ -98,7 +98,7 @@ def test_metrics_sort_needs_the_colocated_rollout_timing_and_the_async_fit_write
     from mindspeed_asp.runtime.types import GroupResult, SampleResult
 
     before = _stage_metrics()
-    before.update("timing/rollout", value=[6.5, 0.0], cumulate=True)  # all the fit wrote before the fix
+    before.update("timing/rollout", value=[6.5, 0.0], cumulate=True)  # without timing/resharding_to_infer
     with pytest.raises(KeyError, match="resharding_to_infer"):
         metrics_sort(metrics_post_processing(before), 12.0)
     metric = _stage_metrics()

@@ -1,9 +1,9 @@
 """The rollout pool builds MindSpeed-RL's `VLLMInferEngine` with every keyword stock's `_build_rollout` passes,
 and the CPU tier's stand-in engine has the real engine's interface.
 
-A keyword the factory drops silently takes the engine's default: the 32B-A3 config's
-`ascend_scheduler_config_enabled: false` was dropped, and vllm-ascend refused the engine at start-up. The
-stand-in used to take `**kwargs` and ignore the scheduler, which hid it. Read from the pinned source with `ast`
+A keyword the factory drops silently takes the engine's default: dropping the 32B-A3 config's
+`ascend_scheduler_config_enabled: false` makes vllm-ascend refuse the engine at start-up. The stand-in therefore keeps
+the real engine's explicit signature, not `**kwargs`, so such a drop fails here. Read from the pinned source with `ast`
 (nothing of MindSpeed-RL is imported), like test_patch_targets.py.
 """
 import ast
@@ -203,7 +203,7 @@ def test_standin_reports_raw_logprobs_and_passes_prefix_caching(standin: Any) ->
 
 def test_standin_refuses_the_32b_a3_engine_without_its_scheduler_key(standin: Any, monkeypatch: Any) -> None:
     """vllm-ascend's start-up refusal, reproduced on CPU: the factory's kwargs for the 32B-A3 config build the
-    stand-in; dropping `ascend_scheduler_config_enabled` (the old factory) makes it refuse, as on Ascend."""
+    stand-in; kwargs without `ascend_scheduler_config_enabled` make it refuse, as on Ascend."""
     module, llm_calls = standin
     gen = _32b_a3_generate_config()
     engine = _record_factory_call(monkeypatch, module.VLLMInferEngine, gen)

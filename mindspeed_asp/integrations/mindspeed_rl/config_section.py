@@ -141,7 +141,7 @@ class MsrlTopology:
 
     @property
     def devices(self) -> DeviceCount:
-        """The devices the run uses, as e2e_tps counts them (docs/design.md section 5): a separate rollout pool
+        """The devices the run uses, as e2e_tps counts them (docs/design.md#e2e_tps): a separate rollout pool
         (instances x infer_tp) beside the trainer's NPUs, or the trainer's NPUs once when rollout is colocated."""
         if self.separate_pool:
             return split_devices(self.asp.instances, self.infer_tp, self.train_npus)

@@ -18,7 +18,7 @@ from mindspeed_asp.errors import InputError
 _ITER = re.compile(r"iteration:\s*(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _NUM = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?(?:nan|inf|infinity)$", re.IGNORECASE)
 
-# The headline numbers `asp compare` sets side by side (MindSpeed-RL names, docs/design.md section 5).
+# The headline numbers `asp compare` sets side by side (MindSpeed-RL names, docs/design.md#metrics).
 HEADLINE = ("e2e_tps", "vllm_tps", "update_tps", "timing/all", "timing/rollout", "timing/update",
             "response_length/mean", "response_length/max", "prompt_length/mean", "grpo/score/mean")
 
@@ -69,9 +69,9 @@ def _mean(values: List[float]) -> float:
 def read_training_log(path: str | Path, skip_first: int = 0) -> Dict[str, Any]:
     """Summary of a MindSpeed-RL (or ASP-on-MindSpeed-RL) training log for `asp compare`.
 
-    Every numeric key is averaged over the iterations after the first `skip_first` (warm-up); the summary
-    keeps MindSpeed-RL's metric names at top level, adds `time/iteration` etc. under the names of docs/design.md,
-    and `per_iteration` holds the raw records.
+    Every numeric key is averaged over the iterations after the first `skip_first` (warm-up); the summary keeps
+    MindSpeed-RL's metric names at top level, adds `time/iteration` etc. under the names of docs/design.md#metrics, and
+    `per_iteration` holds the raw records.
     """
     records = read_iterations(path)
     used = records[skip_first:] if len(records) > skip_first else records[-1:]

@@ -1,4 +1,4 @@
-"""The CPU demo task: "answer with answer-tokens, and stop after about L of them" (docs/design.md section 9).
+"""The CPU demo task: "answer with answer-tokens, and stop after about L of them" (docs/design.md#workloads-and-tasks).
 
 Why this task. It has to be learnable by a tiny random-initialised model (vocab 512) within a few dozen GRPO
 steps on CPU, and its response lengths have to vary per prompt with a long tail *and* move as the policy
