@@ -1,10 +1,12 @@
-"""What a local Ray exposes: its node address is loopback and, while Ray cannot bind its servers to loopback,
-a run that switches Ray's token authentication off is warned (docs/runtime.md, "Network exposure")."""
+"""What a local Ray exposes: Ray 2.60 cannot bind its servers to loopback, so a run that switches Ray's token
+authentication off is warned (docs/runtime.md, "Network exposure")."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -20,15 +22,20 @@ def test_switching_token_auth_off_is_warned(value, warned):
         assert "RAY_AUTH_MODE=disabled" in msg and "every interface" in msg
 
 
-def test_a_local_ray_runs_on_loopback_and_warns_without_auth(tmp_path):
-    """A real local Ray (the runtime's own start): its node is 127.0.0.1; with RAY_AUTH_MODE=disabled the start
-    prints the warning on stderr."""
+def test_a_local_ray_started_without_auth_warns():
+    """A real local Ray (the runtime's own start) with RAY_AUTH_MODE=disabled prints the warning on stderr and
+    starts; the node address Ray registers is printed for the record (Ray 2.60 registers the host's address even
+    when asked for 127.0.0.1, which is why the warning exists)."""
     pytest.importorskip("ray")
     code = ("import ray; from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray; "
-            "start_local_ray(num_cpus=1, object_store_mb=64); "
+            "start_local_ray(num_cpus=1, object_store_mb=128); "
             "print('NODES', sorted({n['NodeManagerAddress'] for n in ray.nodes()})); stop_local_ray()")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    ray_tmp = tempfile.mkdtemp(prefix="asp-ray-", dir="/tmp")  # short: Ray's socket paths are at most 107 bytes
+    try:
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": ray_tmp}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "NODES ['127.0.0.1']" in out.stdout
+    assert "NODES [" in out.stdout
     assert "asp: warning: RAY_AUTH_MODE=disabled" in out.stderr
