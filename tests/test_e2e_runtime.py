@@ -225,6 +225,7 @@ def test_runs_share_one_pool(tmp_path, tiny_model):
     weights at version 0, the first run's leftover groups never reach it, and the pool outlives both runs
     until it is shut down."""
     from mindspeed_asp.runtime.driver import Driver
+    from mindspeed_asp.runtime.run_state import decode_steps_total
 
     def cfg(mode, lag):
         return load_run_config(packaged_config_path(), BASE + [f"asp.mode={mode}", f"asp.max_lag={lag}",
@@ -243,7 +244,7 @@ def test_runs_share_one_pool(tmp_path, tiny_model):
         events = json.loads((tmp_path / "second" / "trace.json").read_text())["events"]
         assert not [e for e in events if e["kind"] in ("late_result_refused", "instance_started")]
         # only the second run's own engine steps are counted
-        own, total = second._decode_steps_total(), pool.decode_steps()
+        own, total = decode_steps_total(second), pool.decode_steps()
         assert all(0 < own[j] < total[j] for j in total)
         assert s1["versions"] == s2["versions"] == list(range(1, STEPS + 1))
     finally:
