@@ -5,7 +5,7 @@ line instead of a traceback.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, List, Optional
 
 
 class AspError(Exception):
@@ -59,3 +59,14 @@ class CheckpointError(RunError):
     def __init__(self, message: str, path: Optional[str] = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the errors it wraps (cause or context), each once: where a library wraps the OSError that says
+    why (a full disk under torch's own error), the caller finds it here."""
+    seen: List[int] = []
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        seen.append(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__

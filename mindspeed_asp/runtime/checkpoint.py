@@ -41,7 +41,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from mindspeed_asp.atomic import write_text
-from mindspeed_asp.errors import CheckpointError, InputError
+from mindspeed_asp.errors import CheckpointError, InputError, error_chain
 from mindspeed_asp.runtime.types import GroupResult, RequestId, SampleResult
 from mindspeed_asp.textfile import read_text
 
@@ -196,23 +196,13 @@ def _discard_unreferenced(root: Path, tmp: Path, final: Path) -> None:
         shutil.rmtree(final, ignore_errors=True)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """`exc` and the errors it wraps (cause or context), each once."""
-    seen: List[int] = []
-    cur: Optional[BaseException] = exc
-    while cur is not None and id(cur) not in seen:
-        seen.append(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
-
-
 def _disk_full(exc: BaseException) -> Optional[str]:
     """What the OS or torch said if `exc` (or an error it wraps) is a full disk or quota, else None.
 
     torch.save reports a short write as a RuntimeError ("unexpected pos N vs M", from its zip writer, the
     OSError itself lost) or with the OS's text ("No space left on device"); the OutputError of an atomic
     write keeps the OSError as its context."""
-    for cur in _chain(exc):
+    for cur in error_chain(exc):
         if isinstance(cur, OSError) and cur.errno in _FULL:
             return cur.strerror or os.strerror(cur.errno)
         text = str(cur).strip()
@@ -226,7 +216,7 @@ def _write_error(exc: BaseException, run_dir: PathLike, final: Path, stage: str)
     """The one-line error for a failed checkpoint write, or None to re-raise `exc` as it is (an interrupt, a
     bug). Names the checkpoint, the file being written and what the user can do."""
     full = _disk_full(exc)
-    os_error = next((c for c in _chain(exc) if isinstance(c, OSError)), None)
+    os_error = next((c for c in error_chain(exc) if isinstance(c, OSError)), None)
     if full is None and os_error is None:
         return None
     if full is not None:

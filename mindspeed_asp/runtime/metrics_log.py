@@ -13,12 +13,12 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
 from mindspeed_asp.atomic import write_text
-from mindspeed_asp.errors import OutputError, RunError
+from mindspeed_asp.errors import OutputError, RunError, error_chain
 from mindspeed_asp.jsonl import iter_jsonl_objects
 from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
 from mindspeed_asp.metrics import (DeviceCount, e2e_tps, generation_padding, idle_share, lag_histogram, lag_stats,
@@ -148,7 +148,7 @@ class RunRecorder:
                 fh.close()
             except OSError:
                 pass
-        os_error = next((c for c in _chain(exc) if isinstance(c, OSError)), None)
+        os_error = next((c for c in error_chain(exc) if isinstance(c, OSError)), None)
         cause = (os_error.strerror or str(os_error)) if os_error is not None else str(exc)
         if os_error is not None and os_error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             fix = "free space"
@@ -307,16 +307,6 @@ class RunRecorder:
 #: Per-step keys of the off-policy correction (the trainer's `offpolicy/*` stats) and the token-weighted lag.
 OFFPOLICY_PREFIX = "offpolicy/"
 TOKEN_LAG_KEY = "lag/token_weighted_mean"
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """`exc` and the errors it wraps (cause or context), each once."""
-    seen: List[int] = []
-    cur: Optional[BaseException] = exc
-    while cur is not None and id(cur) not in seen:
-        seen.append(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
 
 
 def token_weighted_lag(lags: Sequence[int], response_lengths: Sequence[int]) -> float:
