@@ -127,7 +127,10 @@ fi
 probe="${ASP_GPU_CHECK_CUDA_PROBE:-}"
 if [ -z "$probe" ] && [ -x "$py" ]; then
   probe="$(quote "$py" -c 'import importlib.util as u, sys
-import torch
+try:
+    import torch
+except ImportError:
+    sys.exit("torch not installed in the venv (bash shell/setup_env.sh gpu,test)")
 if not torch.cuda.is_available():
     sys.exit(f"torch.cuda.is_available() is False (torch {torch.__version__}, CUDA build {torch.version.cuda})")
 missing = [m for m in ("vllm", "ray") if u.find_spec(m) is None]
