@@ -97,7 +97,7 @@ def run_or_read(name: str, out: Path, overrides: List[str], config: Optional[str
 
 def band(curves: Sequence[Sequence[float]]) -> Dict[str, List[float]]:
     """Per-update mean and 95% interval over seeds (curves truncated to the shortest)."""
-    from mindspeed_asp.learning import mean_interval
+    from mindspeed_asp.core.learning import mean_interval
 
     n = min(len(c) for c in curves)
     cols = [mean_interval([c[i] for c in curves]) for i in range(n)]
@@ -106,7 +106,7 @@ def band(curves: Sequence[Sequence[float]]) -> Dict[str, List[float]]:
 
 def time_band(runs: Sequence[Dict[str, Any]], grid: np.ndarray) -> Dict[str, List[float]]:
     """Smoothed reward against wall time: each seed's trailing mean held between its updates, up to its end."""
-    from mindspeed_asp.learning import mean_interval, smoothed
+    from mindspeed_asp.core.learning import mean_interval, smoothed
 
     rows = []
     for r in runs:
@@ -122,7 +122,7 @@ def time_band(runs: Sequence[Dict[str, Any]], grid: np.ndarray) -> Dict[str, Lis
 
 
 def analyze(results: Dict[str, Dict[int, Dict[str, Any]]], target: float) -> Dict[str, Any]:
-    from mindspeed_asp.learning import final_reward, ks_distance, length_starvation, mean_interval, \
+    from mindspeed_asp.core.learning import final_reward, ks_distance, length_starvation, mean_interval, \
         seconds_to_target, updates_to_target
 
     stock_name = next((n for n in results if n.startswith("stock_std") and "_lr" not in n), None)
@@ -222,7 +222,7 @@ def print_report(a: Dict[str, Any]) -> str:
 
 
 def plot(a: Dict[str, Any], path: Path) -> None:
-    from mindspeed_asp.plotting import pyplot, save_figure
+    from mindspeed_asp.utils.plotting import pyplot, save_figure
 
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))

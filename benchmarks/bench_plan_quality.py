@@ -18,9 +18,9 @@ import numpy as np
 
 from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.scheduler.build import estimate_lengths
-from mindspeed_asp.fluid import group_moments, rollout_lower_bound
+from mindspeed_asp.core.fluid import group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.planners import PLANNERS, needs_oracle
-from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload

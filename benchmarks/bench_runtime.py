@@ -228,7 +228,7 @@ class Runner:
 
     def run(self, name: str, out: Path, overrides: List[str]) -> Dict[str, Any]:
         from mindspeed_asp.commands.train import build_config
-        from mindspeed_asp.run_dir import prepare_run_dir
+        from mindspeed_asp.utils.run_dir import prepare_run_dir
         from mindspeed_asp.runtime.driver import Driver
 
         cfg = build_config(self.config, overrides, None, str(out / name))
@@ -323,7 +323,7 @@ def simulate_prediction(run_dir: Path, summary: Dict[str, Any]) -> Dict[str, Any
     from mindspeed_asp.scheduler.planners import get_planner
     from mindspeed_asp.sim.pipeline import simulate_pipeline
     from mindspeed_asp.sim.train_time import TrainerModel
-    from mindspeed_asp.types import Assignment, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+    from mindspeed_asp.core.problem import Assignment, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 
     trace = json.loads((run_dir / "trace.json").read_text())
     cfg = summary["config"]
@@ -439,17 +439,17 @@ def asp_time_breakdown(s: Dict[str, Any]) -> Dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ bubbles
 def _spans(trace: Mapping[str, Any]) -> List[Any]:
-    from mindspeed_asp.runtime.metrics_log import GroupSpan
+    from mindspeed_asp.runtime.run_recorder import GroupSpan
 
     return [GroupSpan(**g) for g in trace["groups"]]
 
 
 def window_skewness(spans: Sequence[Any], instances: int, window_groups: int, stock: bool) -> Dict[str, float]:
-    """Mean instance-finish spread (`metrics_log.group_skewness`) over a run's windows: stock's iterations (its
+    """Mean instance-finish spread (`run_recorder.group_skewness`) over a run's windows: stock's iterations (its
     barriers, as the recorder cuts them), and for the streaming modes windows of `window_groups` consecutive group
     ids (K minibatches: asp's plan windows, the same cut for async). The recorder's `bubble/skewness` sees a
     streaming run as one window, which hides how evenly each window's work was spread."""
-    from mindspeed_asp.runtime.metrics_log import group_skewness
+    from mindspeed_asp.runtime.run_recorder import group_skewness
 
     by: Dict[int, List[Any]] = {}
     for g in spans:
@@ -461,7 +461,7 @@ def window_skewness(spans: Sequence[Any], instances: int, window_groups: int, st
 
 
 def run_bubbles(run_dir: Path, summary: Mapping[str, Any]) -> Dict[str, Any]:
-    """The bubbles of one real run, from the files its recorder wrote (runtime/metrics_log.py).
+    """The bubbles of one real run, from the files its recorder wrote (runtime/run_recorder.py).
 
     - padding_train: mean over updates of the trainer's `bubble/padding_train` (metrics.jsonl);
       padding_rollout: the summary's `bubble/padding` (idle slot-steps of generation; its basis alongside);
@@ -473,7 +473,7 @@ def run_bubbles(run_dir: Path, summary: Mapping[str, Any]) -> Dict[str, Any]:
     - plan_critical_s / _share: planning seconds of the windows not planned ahead (summary `plan/windows`,
       `ahead` false), over the run: the planning the run waited for.
     """
-    from mindspeed_asp.runtime.metrics_log import read_steps
+    from mindspeed_asp.runtime.run_recorder import read_steps
 
     cfg = summary.get("config") or {}
     run_s = float(summary.get("time/run") or 0.0)

@@ -238,8 +238,8 @@ def main(argv=None) -> int:
     # ---------------------------------------------------------------- 5. scaling
     md.append("\n### 4. Scaling: iteration time vs instances (synthetic; trainer fixed at rho = 0.3 of R_LB "
               "at 8 instances; single = one instance with all devices, speed-up amdahl:0.1)\n")
-    from mindspeed_asp.sim.metrics import lower_bounds
-    from mindspeed_asp.types import InstanceSpec
+    from mindspeed_asp.sim.bounds import lower_bounds
+    from mindspeed_asp.core.problem import InstanceSpec
 
     scaling = sweep.parse_scaling("amdahl:0.1")
     rows, rep4 = [], {}
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
 
     # ---------------------------------------------------------------- 6. simulator speed
     if not args.quick:
-        from mindspeed_asp.types import Assignment, PlanningProblem
+        from mindspeed_asp.core.problem import Assignment, PlanningProblem
         from mindspeed_asp.sim.pipeline import simulate_pipeline
 
         md.append("\n### 5. Simulator speed (64 instances x 64 slots, 10^5 groups of 8, round-robin plan)\n")

@@ -22,9 +22,9 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate,  # noqa: E402
+from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate,  # noqa: E402
                                  PlanningProblem)
-from mindspeed_asp.sim.metrics import lower_bounds  # noqa: E402
+from mindspeed_asp.sim.bounds import lower_bounds  # noqa: E402
 from mindspeed_asp.sim.pipeline import simulate_pipeline  # noqa: E402
 from mindspeed_asp.sim.train_time import trainer_for_rho  # noqa: E402
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload  # noqa: E402

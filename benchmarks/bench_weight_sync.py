@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     from mindspeed_asp.runtime.platform import current_platform
     from mindspeed_asp.runtime.ray_utils import start_local_ray, stop_local_ray
     from mindspeed_asp.runtime.tiny_model import ensure_tiny_model, load_hf_model
-    from mindspeed_asp.runtime.types import EngineConfig, GroupRequest
+    from mindspeed_asp.runtime.requests import EngineConfig, GroupRequest
     from mindspeed_asp.runtime.weight_sync.instance_sync import init_weight_sync, sync_weights
     from mindspeed_asp.runtime.weight_sync.sender import WeightSyncSender
 

@@ -189,7 +189,7 @@ def predict_run(run_dir: Path, cost_from: Optional[Path] = None) -> Dict[str, An
     from mindspeed_asp.cost_model import fit_timings_file
     from mindspeed_asp.experiments import whatif as wi
     from mindspeed_asp.sim import cluster as cm
-    from mindspeed_asp.types import LengthEstimate, PromptSet
+    from mindspeed_asp.core.problem import LengthEstimate, PromptSet
 
     summary = json.loads((run_dir / "summary.json").read_text())
     trace = json.loads((run_dir / "trace.json").read_text())

@@ -284,7 +284,7 @@ def e2e_basis(runs: Iterable[Mapping[str, Any]]) -> str:
     """Which devices the runs' e2e_tps divided by: their `devices` records (docs/design.md#e2e_tps), or, for
     results without a record, that they divided by the instances only
     (docs/decisions/0006-e2e-tps-counts-every-device.md)."""
-    from mindspeed_asp.metrics import devices_of
+    from mindspeed_asp.core.metrics import devices_of
 
     counts = [devices_of(r) for r in runs]
     if counts and all(c is not None for c in counts):

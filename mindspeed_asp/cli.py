@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from mindspeed_asp import __version__
 from mindspeed_asp.errors import AspError
-from mindspeed_asp.extras import extra_for_import_error
+from mindspeed_asp.utils.extras import extra_for_import_error
 
 # Order is the order shown in `asp --help`.
 COMMAND_MODULES = [

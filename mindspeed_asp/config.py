@@ -25,9 +25,9 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
                       model_validator)
 
 from mindspeed_asp.errors import ConfigError
-from mindspeed_asp.limits import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S
-from mindspeed_asp.planner_names import PLANNER_NAMES
-from mindspeed_asp.textfile import read_text
+from mindspeed_asp.core.limits import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S
+from mindspeed_asp.core.planner_names import PLANNER_NAMES
+from mindspeed_asp.utils.textfile import read_text
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -67,16 +67,16 @@ def _seed_in_range(value: int) -> int:
     return value
 
 
-#: A seed key: an integer in 0 .. MAX_SEED (mindspeed_asp/limits.py), refused with the key named when the config
+#: A seed key: an integer in 0 .. MAX_SEED (mindspeed_asp/core/limits.py), refused with the key named when the config
 #: is read (a larger one would pass and fail minutes later, inside an engine that does not say why).
 Seed = Annotated[int, AfterValidator(_seed_in_range)]
 
 
 def _timeout_in_range(value: float) -> float:
     if value > MAX_TIMEOUT_S:
-        raise ValueError(f"a timeout is at most {MAX_TIMEOUT_S} s (7 days, MAX_TIMEOUT_S in mindspeed_asp/limits.py): "
-                         "no start, step or sync of a run waits longer, so this is a slip that would leave a hung run "
-                         "waiting for weeks")
+        raise ValueError(f"a timeout is at most {MAX_TIMEOUT_S} s (7 days, MAX_TIMEOUT_S in "
+                         "mindspeed_asp/core/limits.py): no start, step or sync of a run waits longer, so this is a "
+                         "slip that would leave a hung run waiting for weeks")
     return value
 
 

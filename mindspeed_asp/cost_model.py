@@ -2,7 +2,7 @@
 
 Why one module: the planner, the simulator, the runtime's re-planner, `asp fit-cost` and the benchmarks must
 price a step with the same numbers, fitted by the same rule and read with the same checks
-(docs/design.md#cost-model). `CostModel` itself is a domain type (`mindspeed_asp.types`); this module makes
+(docs/design.md#cost-model). `CostModel` itself is a domain type (`mindspeed_asp.core.problem`); this module makes
 and stores one. Measuring a real engine is elsewhere (`runtime/cost_fit.py`): it needs vLLM, this needs numpy
 and scipy only.
 
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import write_json
+from mindspeed_asp.utils.atomic import write_json
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.limits import short_repr
-from mindspeed_asp.jsonl import iter_jsonl_objects, loads
-from mindspeed_asp.textfile import read_text
-from mindspeed_asp.types import CostModel
+from mindspeed_asp.core.limits import short_repr
+from mindspeed_asp.utils.jsonl import iter_jsonl_objects, loads
+from mindspeed_asp.utils.textfile import read_text
+from mindspeed_asp.core.problem import CostModel
 
 if TYPE_CHECKING:
     from mindspeed_asp.config import CostSection

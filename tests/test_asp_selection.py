@@ -10,14 +10,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mindspeed_asp.fluid import group_moments
+from mindspeed_asp.core.fluid import group_moments
 from mindspeed_asp.scheduler import asp_planner
 from mindspeed_asp.scheduler.asp_planner import SCOPES, dominant_groups, isolate_balance
 from mindspeed_asp.scheduler.planners import get_planner
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
-from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 
 BASELINES = ("sorted_desc", "lpt", "verl_kk", "round_robin", "fifo", "sorted_asc", "least_loaded")
 

@@ -52,7 +52,7 @@ def _write_tiny_plans(root: Path) -> None:
     # a header giving slots twice (json alone keeps the last), in JSON Lines and in Parquet's schema metadata
     _write(root / "plan_dupkey.jsonl", b'{"slots": 99, ' + lines[0][1:] + b"".join(lines[1:]))
     import pyarrow.parquet as pq
-    from mindspeed_asp.scheduler.plan import META_KEY
+    from mindspeed_asp.scheduler.plan_file import META_KEY
 
     plan.save(root / "plan_dupkey.parquet")
     table = pq.read_table(root / "plan_dupkey.parquet")
@@ -445,7 +445,7 @@ def test_doctor_names_a_bad_config_in_its_report(workspace, capsys):
 
 
 def test_every_numeric_option_is_typed():
-    """No command takes a bare float (accepts nan/inf) or a bare int (any size): see mindspeed_asp.argtypes."""
+    """No command takes a bare float (accepts nan/inf) or a bare int (any size): see mindspeed_asp.utils.argtypes."""
     untyped = []
 
     def walk(parser: argparse.ArgumentParser, prog: str) -> None:
@@ -462,7 +462,7 @@ def test_every_numeric_option_is_typed():
 
 def test_overwrite_clears_only_the_old_runs_files(tmp_path):
     from mindspeed_asp.errors import OutputError
-    from mindspeed_asp.run_dir import RUN_FILES, prepare_run_dir
+    from mindspeed_asp.utils.run_dir import RUN_FILES, prepare_run_dir
 
     run = tmp_path / "run"
     for name in RUN_FILES:
@@ -496,7 +496,7 @@ def test_interrupted_plan_write_keeps_the_previous_plan(workspace, monkeypatch, 
 
 
 def test_atomic_write_is_whole_or_absent(tmp_path):
-    from mindspeed_asp.atomic import atomic_open, write_json
+    from mindspeed_asp.utils.atomic import atomic_open, write_json
 
     target = tmp_path / "out.json"
     write_json(target, {"v": 1})
@@ -565,7 +565,7 @@ def msrl_plan(tmp_path_factory):
 def test_msrl_plan_is_checked_against_every_setting_it_depends_on(msrl_plan, monkeypatch):
     """The plan-ordered loader of a MindSpeed-RL run (data_patches.open_plan with the run's topology) accepts
     the plan its launcher built, and refuses one built for another value of any setting the plan depends on
-    (scheduler/plan.py SETTINGS), naming the MindSpeed-RL key to change and the `asp plan` line: every setting, not
+    (scheduler/plan_file.py SETTINGS), naming the MindSpeed-RL key to change and the `asp plan` line: every setting, not
     just the instance count and the dataset, so a plan for another batch, n, cap, slots, lag bound or planner
     cannot drive the run."""
     import dataclasses
@@ -574,7 +574,7 @@ def test_msrl_plan_is_checked_against_every_setting_it_depends_on(msrl_plan, mon
     from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import (MSRL_PLAN_SETTING_KEYS, open_plan,
                                                                       prompt_set_from_dataset)
-    from mindspeed_asp.scheduler.plan import SETTINGS
+    from mindspeed_asp.scheduler.plan_file import SETTINGS
 
     path, config, dataset = msrl_plan
     monkeypatch.setenv("ASP_PLAN", str(path))

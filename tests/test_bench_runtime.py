@@ -259,7 +259,7 @@ def _record_run(run_dir, mode, lag, scale=1.0, reward=0.3):
 
     Instance 0 runs groups 0, 1 (4 s) and 4, 5 (2 s), instance 1 groups 2, 3 (2 s) and 6, 7 (4 s): over the
     run both are busy 6 s (no skew), per window of K x M = 4 groups each window is 4 s against 2 s (skew 0.25)."""
-    from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder
+    from mindspeed_asp.runtime.run_recorder import GroupSpan, RunRecorder
 
     rec = RunRecorder(run_dir, mode=mode, instances=INSTANCES, slots=4, minibatch_groups=M, max_lag=lag,
                       clock=lambda: 0.0)

@@ -88,7 +88,7 @@ def test_commands_never_record_paths_outside_the_repository(tmp_path):
 
 def test_e2e_basis_names_the_devices_or_the_old_denominator():
     import doc_tables
-    from mindspeed_asp.metrics import split_devices
+    from mindspeed_asp.core.metrics import split_devices
 
     new = [{"devices": split_devices(2, 1, 1).to_dict()}] * 2
     assert doc_tables.e2e_basis(new).endswith("3 (2 rollout + 1 trainer, split)")

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.errors import ConfigError, InputError, OutputError
-from mindspeed_asp.policy import LagPolicy
+from mindspeed_asp.core.policy import LagPolicy
 from mindspeed_asp.runtime import checkpoint as ck
 from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
-from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, read_steps
+from mindspeed_asp.runtime.run_recorder import GroupSpan, RunRecorder, read_steps
 from mindspeed_asp.runtime.sample_queue import SampleQueue
 from mindspeed_asp.runtime.stop_signals import RunAborted, RunInterrupted, StopSignals
-from mindspeed_asp.runtime.types import GroupResult, RequestId, SampleResult
+from mindspeed_asp.runtime.requests import GroupResult, RequestId, SampleResult
 
 
 def through_json(obj):
@@ -232,7 +232,7 @@ def test_resume_config_allows_extending_and_refuses_changing_the_run(tmp_path):
 
 # --------------------------------------------------------------------------------------------- run directory
 def test_run_dir_refusal_names_resume_and_overwrite_removes_the_checkpoint(tmp_path):
-    from mindspeed_asp.run_dir import prepare_run_dir
+    from mindspeed_asp.utils.run_dir import prepare_run_dir
 
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(OutputError, match="no checkpoint for --resume"):

@@ -11,7 +11,7 @@ from mindspeed_asp.errors import InputError
 from mindspeed_asp.experiments import whatif as wi
 from mindspeed_asp.sim import cluster as cm
 from mindspeed_asp.sim.model_presets import A3_DIE, PRESETS, get_preset
-from mindspeed_asp.types import CostModel, LengthEstimate, PromptSet
+from mindspeed_asp.core.problem import CostModel, LengthEstimate, PromptSet
 
 
 def _windows(K: int, Gw: int, n: int, L: int, P: int = 0, M: int = None) -> cm.Windows:

@@ -8,7 +8,7 @@ import pytest
 from mindspeed_asp.cli import main
 from mindspeed_asp.commands.compare import compare_runs, load_run, register_loader
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder, group_skewness, read_steps
+from mindspeed_asp.runtime.run_recorder import GroupSpan, RunRecorder, group_skewness, read_steps
 from mindspeed_asp.runtime.run_plots import plot_run
 
 
@@ -126,7 +126,7 @@ def test_mindspeed_rl_log_file_is_read_by_the_log_reader(tmp_path):
 
 
 def test_offpolicy_metrics_summarised_and_compared(tmp_path):
-    from mindspeed_asp.runtime.metrics_log import offpolicy_fields
+    from mindspeed_asp.runtime.run_recorder import offpolicy_fields
 
     steps = {0: {"offpolicy/iw_mean": 1.0, "offpolicy/iw_max": 1.0, "offpolicy/iw_frac_capped": 0.0,
                  "offpolicy/clip_frac": 0.1, "offpolicy/iw_mean_lag0": 1.0, "lag/token_weighted_mean": 0.0},
@@ -153,7 +153,7 @@ def test_offpolicy_metrics_summarised_and_compared(tmp_path):
 
 
 def test_compare_states_devices_and_rho_stock_and_warns_on_old_summaries(tmp_path):
-    from mindspeed_asp.metrics import split_devices
+    from mindspeed_asp.core.metrics import split_devices
 
     fake_run(tmp_path, "stock", "stock", 10.0, 1.0)
     fake_run(tmp_path, "asp", "asp", 5.0, 4.0, devices=split_devices(2, 1, 2))  # a trainer on 2 devices

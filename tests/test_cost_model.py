@@ -12,7 +12,7 @@ from mindspeed_asp.config import CostSection
 from mindspeed_asp.cost_model import (cost_from_section, fit_cost_model, fit_timings_file, load_cost_json,
                                       load_step_timings, save_cost_json)
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.types import CostModel
+from mindspeed_asp.core.problem import CostModel
 
 TRUE = CostModel(a=4e-3, b=3e-5, c=2e-7, p=5e-6)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mindspeed_asp.policy import LagPolicy
+from mindspeed_asp.core.policy import LagPolicy
 from mindspeed_asp.runtime.dispatcher import Dispatcher, Ticket
 
 

@@ -159,7 +159,7 @@ def test_sync_round_drops_an_instance_whose_engine_hung(tiny_model):
     from mindspeed_asp.runtime.platform import platform_from_name
     from mindspeed_asp.runtime.rollout_pool import RolloutPool
     from mindspeed_asp.runtime.tiny_model import load_hf_model
-    from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, RequestId
+    from mindspeed_asp.runtime.requests import EngineConfig, GroupRequest, RequestId
 
     events, deaths = [], []
     pool = RolloutPool(EngineConfig(model_path=tiny_model, slots=8, max_model_len=256), 2,

@@ -4,7 +4,7 @@ import pytest
 
 from mindspeed_asp.scheduler.estimators import HistoryEstimator
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
 

@@ -11,7 +11,7 @@ from mindspeed_asp.scheduler.estimators import (ColdStartEstimator, HistoryEstim
                                                 _weighted_median, group_max_quantile, make_estimator)
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.scheduler.length_metrics import evaluate
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
 

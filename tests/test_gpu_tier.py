@@ -45,7 +45,7 @@ def cuda_env(tiny_model, ray_holder):
 
 def _instance(env, slots: int = 8):
     from mindspeed_asp.runtime.instance import start_instances
-    from mindspeed_asp.runtime.types import EngineConfig
+    from mindspeed_asp.runtime.requests import EngineConfig
 
     cfg = EngineConfig(model_path=env["model_dir"], slots=slots, max_model_len=512, dtype="float32",
                        gpu_memory_utilization=0.1)
@@ -64,7 +64,7 @@ def _wait(ray, actor, ids, timeout=300.0):
 
 
 def test_cuda_instance_generates_with_logprobs(cuda_env):
-    from mindspeed_asp.runtime.types import GroupRequest
+    from mindspeed_asp.runtime.requests import GroupRequest
 
     ray = cuda_env["ray"]
     inst = _instance(cuda_env)
@@ -85,7 +85,7 @@ def test_cuda_instance_generates_with_logprobs(cuda_env):
 
 @pytest.mark.skipif(_gpus() < 2, reason="NCCL weight sync needs 2 GPUs (trainer and instance on separate devices)")
 def test_nccl_sync_matches_hf(cuda_env):
-    from mindspeed_asp.runtime.types import GroupRequest
+    from mindspeed_asp.runtime.requests import GroupRequest
     from mindspeed_asp.runtime.weight_sync.checksums import checksums_match
 
     ray = cuda_env["ray"]

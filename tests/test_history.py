@@ -201,7 +201,7 @@ def test_a_length_out_of_range_is_refused_naming_file_line_and_key(tmp_path, val
 
 
 def test_the_length_bound_is_inclusive(tmp_path):
-    from mindspeed_asp.limits import MAX_LENGTH
+    from mindspeed_asp.core.limits import MAX_LENGTH
 
     path = tmp_path / "h.jsonl"
     path.write_text(f'{{"prompt_id": "a", "epoch": 0, "lengths": [1, {MAX_LENGTH}]}}\n')

@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 from mindspeed_asp.runtime.instance import model_eos_token_id, start_instances  # noqa: E402
 from mindspeed_asp.runtime.platform import platform_from_name  # noqa: E402
 from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID  # noqa: E402
-from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, GroupResult  # noqa: E402
+from mindspeed_asp.runtime.requests import EngineConfig, GroupRequest, GroupResult  # noqa: E402
 
 pytestmark = pytest.mark.vllm  # every test here talks to a real vLLM engine in a Ray actor
 

@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch", reason="needs the runtime extra: pip instal
 
 from mindspeed_asp.integrations.mindspeed_rl.async_trainer import groups_to_rows, iteration_metrics
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB
-from mindspeed_asp.runtime.types import GroupResult, SampleResult
+from mindspeed_asp.runtime.requests import GroupResult, SampleResult
 
 
 def group(gid, version, inst=0, start=0.0, end=1.0, lens=(3, 5)):
@@ -30,7 +30,7 @@ def test_rows_follow_msrl_layout():
 
 def test_iteration_metrics_names_and_values():
     gs = [group(0, 1, inst=0, start=100.0, end=110.0), group(1, 1, inst=1, start=100.0, end=105.0)]
-    from mindspeed_asp.metrics import colocated_devices, split_devices
+    from mindspeed_asp.core.metrics import colocated_devices, split_devices
 
     # 2 rollout instances x TP 2 beside 4 trainer NPUs: 8 devices in e2e_tps (docs/design.md#e2e_tps)
     m = iteration_metrics(gs, [0, 0, 1, 1], max_lag=1, instances=2, t_iter=20.0, wait_s=5.0, sync_s=1.0,

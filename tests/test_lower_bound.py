@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mindspeed_asp.fluid import bound_terms, group_moments, rollout_lower_bound
+from mindspeed_asp.core.fluid import bound_terms, group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.planners import get_planner
-from mindspeed_asp.sim import metrics as mx
+from mindspeed_asp.sim import bounds as mx
 from mindspeed_asp.sim.engine import simulate_instances
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
-from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 
 
 def oracle_problem(L: np.ndarray, P: np.ndarray, m: int, spec: InstanceSpec, cost: CostModel) -> PlanningProblem:

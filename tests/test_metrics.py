@@ -1,12 +1,12 @@
-"""The one metrics core (mindspeed_asp.metrics) on hand-checked cases, and its callers agreeing with it: the
+"""The one metrics core (mindspeed_asp.core.metrics) on hand-checked cases, and its callers agreeing with it: the
 run recorder's spans and a simulated run give the core's numbers (the sample queue: tests/test_sample_queue.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mindspeed_asp import metrics as m
-from mindspeed_asp.runtime.metrics_log import GroupSpan, group_skewness, run_padding
+from mindspeed_asp.core import metrics as m
+from mindspeed_asp.runtime.run_recorder import GroupSpan, group_skewness, run_padding
 
 
 def test_percentile_is_nearest_rank():
@@ -53,7 +53,7 @@ def test_simulator_reports_the_core_statistics():
     """A simulated streaming run: its lag and bubble metrics are the core's on the run's own numbers."""
     from mindspeed_asp.sim.pipeline import simulate_pipeline
     from mindspeed_asp.sim.train_time import TrainerModel
-    from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+    from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                      PromptSet)
 
     rng = np.random.default_rng(0)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.runtime.online_cost import OnlineCostFit, RhoMeter
-from mindspeed_asp.types import CostModel
+from mindspeed_asp.core.problem import CostModel
 
 TRUE = CostModel(a=5e-3, b=1e-4, c=2e-7, p=1e-5, source="truth")
 CONFIGURED = CostModel(a=1.0, b=0.0, c=0.0, p=0.0, source="configured")
@@ -88,7 +88,7 @@ def test_rho_meter_refuses_bad_input():
 def test_window_planner_plans_later_windows_with_the_fitted_cost_and_measured_rho():
     from mindspeed_asp.config import AspSection
     from mindspeed_asp.runtime.replan import WindowPlanner
-    from mindspeed_asp.types import PromptSet
+    from mindspeed_asp.core.problem import PromptSet
 
     P = 16
     prompts = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(P)], dtype=object),

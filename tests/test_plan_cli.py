@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.cli import main
-from mindspeed_asp.scheduler.plan import load_plan
+from mindspeed_asp.scheduler.plan_file import load_plan
 from mindspeed_asp.workloads.prompts import load_prompt_set
 
 

@@ -10,8 +10,8 @@ import pytest
 from mindspeed_asp import __version__
 from mindspeed_asp.errors import InputError, PlanMismatchError
 from mindspeed_asp.scheduler.build import build_plan, iteration_starts
-from mindspeed_asp.scheduler.plan import META_KEY, SCHEMA_VERSION, DispatchPlan, load_plan
-from mindspeed_asp.types import CostModel, LengthEstimate, PromptSet
+from mindspeed_asp.scheduler.plan_file import META_KEY, SCHEMA_VERSION, DispatchPlan, load_plan
+from mindspeed_asp.core.problem import CostModel, LengthEstimate, PromptSet
 
 
 def dataset(G: int = 50, n: int = 4, seed: int = 0):
@@ -193,7 +193,7 @@ def test_a_shared_iteration_survives_the_file(tmp_path, suffix):
     """An iteration the selection left unpinned (one queue in plan order) is read back as one: the runtime's
     dispatcher and the simulator take its queue from the file, position by position."""
     from mindspeed_asp.scheduler import baselines
-    from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
+    from mindspeed_asp.core.problem import Assignment, InstanceSpec, PlanningProblem
 
     prompts, est = dataset(G=12)
     problems = [PlanningProblem(prompts=prompts.subset(np.arange(lo, lo + 6)),
@@ -221,7 +221,7 @@ def test_isolated_groups_survive_the_file(tmp_path, suffix):
     """The groups a plan isolated (their instance steals nothing while they run) are read back per iteration,
     as rows, prompt ids and in the Assignment; a bad list is refused naming the key."""
     from mindspeed_asp.scheduler import baselines
-    from mindspeed_asp.types import InstanceSpec, PlanningProblem
+    from mindspeed_asp.core.problem import InstanceSpec, PlanningProblem
 
     prompts, est = dataset(G=12)
     problems = [PlanningProblem(prompts=prompts.subset(np.arange(lo, lo + 6)),
@@ -289,7 +289,7 @@ def test_a_bad_parquet_column_value_names_the_row(tmp_path, built):
 
 def test_the_plan_fingerprint_covers_its_settings(tmp_path, built):
     """The header records what the plan depends on and a hash of it; an edited setting is refused on load."""
-    from mindspeed_asp.scheduler.plan import SETTINGS, plan_fingerprint
+    from mindspeed_asp.scheduler.plan_file import SETTINGS, plan_fingerprint
 
     prompts, _, result = built
     h = result.plan.header

@@ -19,7 +19,7 @@ from test_planners import make_problem
 
 def _direct(problem, cand, lengths, rho):
     """The scoring simulation written out: what _score must compute for one candidate and scenario."""
-    from mindspeed_asp.fluid import group_moments, rollout_lower_bound
+    from mindspeed_asp.core.fluid import group_moments, rollout_lower_bound
 
     gm = group_moments(problem)
     train_total = rho * rollout_lower_bound(gm, problem.instances, problem.cost)

@@ -12,10 +12,10 @@ import pytest
 
 from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.asp_planner import RULES, order_instance, plan_asp
-from mindspeed_asp.fluid import group_moments, rollout_lower_bound
+from mindspeed_asp.core.fluid import group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
-from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 
 
 def make_problem(G: int, m: int = 4, n: int = 8, slots: int = 64, seed: int = 0, oracle: bool = False,
@@ -62,10 +62,10 @@ def test_config_knows_exactly_the_registry_names():
 
 
 def test_registry_refuses_to_load_with_other_names():
-    code = ("import mindspeed_asp.planner_names as n; n.PLANNER_NAMES = n.PLANNER_NAMES[:-1]; "
+    code = ("import mindspeed_asp.core.planner_names as n; n.PLANNER_NAMES = n.PLANNER_NAMES[:-1]; "
             "import mindspeed_asp.scheduler.planners")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "differs from mindspeed_asp.planner_names" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode != 0 and "differs from mindspeed_asp.core.planner_names" in proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", ["oracle_asp", "oracle_lpt", "oracle_verl_kk"])
@@ -318,7 +318,7 @@ def test_scenarios_use_the_measured_prediction_error():
 
 def test_fifo_is_dataset_order_dealt_round_robin():
     from mindspeed_asp.scheduler.planners import get_planner
-    from mindspeed_asp.types import (CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+    from mindspeed_asp.core.problem import (CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                                PromptSet)
     G, m = 10, 3
     prompts = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(G)], dtype=object),

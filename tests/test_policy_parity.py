@@ -3,7 +3,7 @@ dispatch, steal, admission and training-order decisions, for stock, async and as
 
 Why: the planner scores its candidates with the simulator, so a simulated figure is only worth something if
 the simulator runs the runtime's policy (docs/design.md#shared-policy). Both sides call
-`mindspeed_asp/policy.py`; this test keeps the *callers* equal too (when they offer work, in which order
+`mindspeed_asp/core/policy.py`; this test keeps the *callers* equal too (when they offer work, in which order
 they ask, which events they report).
 
 The script makes the two engine models agree exactly: every instance runs one group at a time (simulator:
@@ -27,14 +27,14 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pytest
 
-from mindspeed_asp.policy import LagPolicy
+from mindspeed_asp.core.policy import LagPolicy
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
 from mindspeed_asp.runtime.sample_queue import SampleQueue
 from mindspeed_asp.scheduler.baselines import plan_stock
-from mindspeed_asp.fluid import group_moments
+from mindspeed_asp.core.fluid import group_moments
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
-from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                  PromptSet)
 
 G, N, INSTANCES, M = 24, 2, 3, 2  # M < instances: admission leaves an instance idle

@@ -16,7 +16,7 @@ from mindspeed_asp.experiments.advice import (SCENARIO_SEED, SLOWER_TOLERANCE, L
                                               regime_advice)
 from mindspeed_asp.scheduler.planners import get_planner
 from mindspeed_asp.scheduler.scenarios import sample_scenarios
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
 

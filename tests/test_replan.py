@@ -6,7 +6,7 @@ import numpy as np
 from mindspeed_asp.config import AspSection
 from mindspeed_asp.runtime.replan import WindowPlanner
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 
 
 def prompts(P=16, n=4):
@@ -127,7 +127,7 @@ def test_the_estimate_runs_in_solve_on_the_history_as_prepare_saw_it():
 def test_the_planner_scores_with_the_lag_the_policy_enforces():
     """One max_lag for the window planner and the lag policy: the config's, resolved with its mode (stock trains
     at lag 0, so an unset max_lag is 0 there, and the planner scores stock windows at 0, not at the default 1)."""
-    from mindspeed_asp.policy import LagPolicy
+    from mindspeed_asp.core.policy import LagPolicy
 
     for asp, want in ((AspSection(mode="stock", slots=16, minibatch_groups=4), 0),
                       (AspSection(slots=16, minibatch_groups=4), 1),

@@ -36,7 +36,7 @@ import pytest
 from mindspeed_asp.cli import main
 from mindspeed_asp.errors import CheckpointError, InputError, OutputError, RunError
 from mindspeed_asp.runtime import checkpoint as ck
-from mindspeed_asp.runtime.metrics_log import RunRecorder, read_steps
+from mindspeed_asp.runtime.run_recorder import RunRecorder, read_steps
 
 STEP_LINES = "".join(json.dumps({"step": k, "version": k + 1, "t_end": float(k)}) + "\n" for k in range(4))
 
@@ -83,7 +83,7 @@ def _config(tiny_model: str, *extra: str):
 
 def _full_state(cfg, scratch: Path) -> dict:
     """A complete state.json for an async run at version 2, from the components' own state_dicts."""
-    from mindspeed_asp.policy import LagPolicy
+    from mindspeed_asp.core.policy import LagPolicy
     from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher
     from mindspeed_asp.runtime.run_config import dump_config
     from mindspeed_asp.runtime.sample_queue import SampleQueue
@@ -169,7 +169,7 @@ def test_cli_resume_of_a_state_without_its_config_is_one_line(tmp_path, no_ray, 
 # ============================================================================ 2. the run lock
 HOLDER = """
 import os, sys, time
-from mindspeed_asp.run_dir import lock_run_dir
+from mindspeed_asp.utils.run_dir import lock_run_dir
 lock = lock_run_dir(sys.argv[1])
 child = os.fork()  # a forked child (as a worker would be) must not keep the lock after its parent dies
 if child == 0:
@@ -202,7 +202,7 @@ def test_a_locked_directory_is_refused_for_every_entry_naming_the_pid(held, tiny
     """While another run holds the directory: `--out DIR`, `--out DIR --overwrite` and `--resume DIR` are
     refused at once with one line naming DIR and the pid, the driver refuses before its set-up, and nothing in
     the directory changes."""
-    from mindspeed_asp.run_dir import lock_run_dir, prepare_run_dir
+    from mindspeed_asp.utils.run_dir import lock_run_dir, prepare_run_dir
     from mindspeed_asp.runtime.driver import Driver
 
     run, pid, _ = held
@@ -229,7 +229,7 @@ def test_a_locked_directory_is_refused_for_every_entry_naming_the_pid(held, tiny
 def test_the_lock_dies_with_its_process_not_with_its_forked_child(held):
     """SIGKILL to the holder: the directory can be locked at once (no stale lock to clear), although the
     child it forked still lives; a released lock leaves no run.lock behind."""
-    from mindspeed_asp.run_dir import LOCK_FILE, lock_run_dir
+    from mindspeed_asp.utils.run_dir import LOCK_FILE, lock_run_dir
 
     run, pid, child = held
     os.kill(pid, signal.SIGKILL)
@@ -395,7 +395,7 @@ def test_a_full_disk_while_writing_trainer_pt(tmp_path, how):
 def test_a_full_disk_while_replacing_latest_json(tmp_path, monkeypatch):
     """ENOSPC when the new pointer is written (the new directory already renamed): that directory goes too,
     latest.json still names the previous checkpoint."""
-    from mindspeed_asp import atomic
+    from mindspeed_asp.utils import atomic
 
     run = tmp_path / "run"
     previous = ck.write_checkpoint(run, {"version": 2}, FakeTrainer())
@@ -525,7 +525,7 @@ def test_a_full_disk_while_appending_a_step_is_one_line_and_the_checkpoint_resum
     when step 2's line is appended: one RunError naming the file, the cause and the checkpoint to resume from
     (not a bare OSError); closing the recorder raises nothing more; the checkpoint is whole, and
     a recorder resumed from it rewrites metrics.jsonl to its steps and goes on."""
-    from mindspeed_asp.runtime import metrics_log
+    from mindspeed_asp.runtime import run_recorder
 
     run = tmp_path / "run"
     rec = RunRecorder(run, mode="asp", instances=1, slots=4, minibatch_groups=1, max_lag=1)
@@ -537,7 +537,7 @@ def test_a_full_disk_while_appending_a_step_is_one_line_and_the_checkpoint_resum
         (run / "metrics.jsonl").unlink()
         os.symlink("/dev/full", run / "metrics.jsonl")
     else:
-        monkeypatch.setattr(metrics_log, "open", lambda *a, **k: _BrokenFile(errno.EIO), raising=False)
+        monkeypatch.setattr(run_recorder, "open", lambda *a, **k: _BrokenFile(errno.EIO), raising=False)
     with pytest.raises(RunError) as exc:
         rec.log_step({"step": 2, "version": 3, "t_end": 2.0}, [0])
     message = str(exc.value)
@@ -559,13 +559,13 @@ def test_a_full_disk_while_appending_a_step_is_one_line_and_the_checkpoint_resum
 
 def test_a_read_only_run_directory_is_one_line_before_the_first_step(tmp_path, monkeypatch):
     """metrics.jsonl cannot even be opened (EROFS): the same one line, naming the file and the cause."""
-    from mindspeed_asp.runtime import metrics_log
+    from mindspeed_asp.runtime import run_recorder
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(args[0]))
 
     rec = RunRecorder(tmp_path, mode="asp", instances=1, slots=4, minibatch_groups=1, max_lag=1)
-    monkeypatch.setattr(metrics_log, "open", read_only, raising=False)
+    monkeypatch.setattr(run_recorder, "open", read_only, raising=False)
     with pytest.raises(RunError, match=f"metrics.jsonl: cannot write it \\({os.strerror(errno.EROFS)}\\).*no "
                                        "checkpoint to resume from"):
         rec.open_steps()
@@ -582,7 +582,7 @@ def test_a_zero_length_in_a_checkpointed_history_is_refused_naming_the_file_and_
     from mindspeed_asp.config import AspSection
     from mindspeed_asp.runtime.replan import WindowPlanner
     from mindspeed_asp.scheduler.history import LengthHistory
-    from mindspeed_asp.types import PromptSet
+    from mindspeed_asp.core.problem import PromptSet
 
     prompts = PromptSet(np.array(["p0", "p1"], dtype=object), np.array([5, 7]), n=2)
     planner = WindowPlanner(AspSection(), prompts, max_new_tokens=16, instances=1)

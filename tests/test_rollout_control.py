@@ -1,7 +1,7 @@
 """One rollout control for both drivers: the rules, and one scripted trace giving both the same decisions.
 
 The standalone driver (runtime/driver.py) builds its `RolloutControl` from a run config; the MindSpeed-RL rollout driver
-(integrations/mindspeed_rl/rollout_driver.py) from the `asp:` keys the async trainer passes. Both drive the policy,
+(integrations/mindspeed_rl/lockstep_rollout.py) from the `asp:` keys the async trainer passes. Both drive the policy,
 dispatcher and queue through this one control, so they cannot drift apart as two loops of their own would (the capacity
 per instance, `ceil(slots/n)+1` vs `slots//n`: 3 vs 2 groups at slots 8, n 4; the training order in asp mode, plan tag
 vs oldest). The parity test replays one seeded trace (windows, dispatches, finishes in a random order, updates, a
@@ -19,7 +19,7 @@ import pytest
 
 from mindspeed_asp.runtime.dispatcher import Ticket
 from mindspeed_asp.runtime.rollout_control import RolloutControl, group_gid, instance_capacity
-from mindspeed_asp.runtime.types import GroupRequest, GroupResult, RequestId, SampleResult
+from mindspeed_asp.runtime.requests import GroupRequest, GroupResult, RequestId, SampleResult
 
 INSTANCES, SLOTS, N, M, WINDOW = 2, 8, 4, 3, 9
 
@@ -156,9 +156,9 @@ class NpuSide:
     async trainer configures it from the `asp:` keys."""
 
     def __init__(self, mode: str, max_lag: int) -> None:
-        from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+        from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
 
-        self.driver = RolloutDriver([[object()] for _ in range(INSTANCES)], mode, max_lag, M, SLOTS, N,
+        self.driver = LockstepRollout([[object()] for _ in range(INSTANCES)], mode, max_lag, M, SLOTS, N,
                                     start=False)
         self.mode, self.max_lag = mode, max_lag
 

@@ -17,7 +17,7 @@ from mindspeed_asp.errors import ConfigError, RunError
 from mindspeed_asp.runtime.platform import platform_from_name
 from mindspeed_asp.runtime.rollout_pool import RolloutPool, instance_bundle
 from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
-from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, GroupResult, RequestId, SampleResult
+from mindspeed_asp.runtime.requests import EngineConfig, GroupRequest, GroupResult, RequestId, SampleResult
 
 CPU = platform_from_name("cpu")
 

@@ -60,7 +60,7 @@ def test_stock_with_a_lag_in_the_file_is_refused_naming_the_flag(tmp_path):
 def test_timeouts_are_bounded_above(key):
     """A timeout above MAX_TIMEOUT_S (7 days) is a slip (ms written as s): refused naming the key; the bound
     itself is allowed (with the stall timeout below the step timeout, as always)."""
-    from mindspeed_asp.limits import MAX_TIMEOUT_S
+    from mindspeed_asp.core.limits import MAX_TIMEOUT_S
 
     top = {"run.step_timeout_s": MAX_TIMEOUT_S, "run.stall_timeout_s": MAX_TIMEOUT_S - 1}
     top.setdefault(key, MAX_TIMEOUT_S)
@@ -121,8 +121,8 @@ def _write_plan(path, prompts, instances=2, **header):
     """A hand-made plan whose header records only what `header` gives (the planner: the run's, asp)."""
     import numpy as np
 
-    from mindspeed_asp.scheduler.plan import DispatchPlan
-    from mindspeed_asp.types import Assignment
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
+    from mindspeed_asp.core.problem import Assignment
 
     G = len(prompts)
     orders = [np.arange(j, G, instances) for j in range(instances)]

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder
+from mindspeed_asp.runtime.run_recorder import GroupSpan, RunRecorder
 
 
 def _recorder(tmp_path, target=0.3):

@@ -1,4 +1,4 @@
-"""What a run tells its user (mindspeed_asp/run_report.py): start-up lines, and instance deaths, re-dispatches,
+"""What a run tells its user (mindspeed_asp/utils/run_report.py): start-up lines, and instance deaths, re-dispatches,
 regenerated and dropped groups in `asp train`'s report and `asp compare`'s table. Fast: summaries only."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Dict
 from mindspeed_asp.cli import main
 from mindspeed_asp.commands.compare import compare_runs, compare_table
 from mindspeed_asp.commands.train import format_summary
-from mindspeed_asp.run_report import StartupProgress, any_events, format_events, run_events
+from mindspeed_asp.utils.run_report import StartupProgress, any_events, format_events, run_events
 
 QUIET_RUN = {"mode": "asp", "steps": 8, "instances": 2, "instances_alive": 2, "redispatched": 0, "steals": 3,
              "queue/regenerated": 0, "queue/dropped_stale": 0, "events": {"instance_started": 2, "plan": 2},

@@ -6,9 +6,9 @@ from collections import deque
 
 import pytest
 
-from mindspeed_asp.policy import LagPolicy
+from mindspeed_asp.core.policy import LagPolicy
 from mindspeed_asp.runtime.sample_queue import SampleQueue
-from mindspeed_asp.runtime.types import GroupResult, SampleResult
+from mindspeed_asp.runtime.requests import GroupResult, SampleResult
 
 
 def group(gid, versions, minibatch=-1):

@@ -5,7 +5,7 @@ import pytest
 from mindspeed_asp.scheduler import scenarios
 from mindspeed_asp.scheduler.estimators import HistoryEstimator
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem, PromptSet, ResidualPool
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, PlanningProblem, PromptSet, ResidualPool
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
 

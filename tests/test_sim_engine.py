@@ -4,11 +4,11 @@ import math
 import numpy as np
 import pytest
 
-from mindspeed_asp.types import CostModel, InstanceSpec
+from mindspeed_asp.core.problem import CostModel, InstanceSpec
 from mindspeed_asp.sim.engine import InstanceSim, simulate_instances
 from mindspeed_asp.sim.instance_inputs import check_instance_inputs
 from mindspeed_asp.sim.step_cost import TabulatedCost
-from mindspeed_asp.sim.metrics import instance_step_bounds
+from mindspeed_asp.sim.bounds import instance_step_bounds
 
 COST = CostModel(a=5e-3, b=2e-5, c=2e-7, p=1e-6)
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from mindspeed_asp.types import CostModel, InstanceSpec
-from mindspeed_asp.metrics import generation_padding
-from mindspeed_asp.sim import metrics as mx
+from mindspeed_asp.core.problem import CostModel, InstanceSpec
+from mindspeed_asp.core.metrics import generation_padding
+from mindspeed_asp.sim import bounds as mx
 from mindspeed_asp.sim.engine import simulate_instances
 from mindspeed_asp.sim.train_time import TrainerModel
 

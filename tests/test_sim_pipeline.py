@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                            PromptSet)
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel, alpha_for_rho, group_tokens, trainer_for_rho
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.bounds import lower_bounds
 
 
 def make_case(G=96, n=4, m=3, seed=0, median=200.0, slots=16, estimate_noise=None):

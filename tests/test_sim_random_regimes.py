@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner, needs_oracle
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import STALE_POLICIES, simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
-from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 
 COST = CostModel(a=0.030, b=1e-4, c=6e-8, p=1e-4)
 KV_LEVELS = ("none", "tight", "loose")

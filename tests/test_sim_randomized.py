@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.scheduler.planners import get_planner
-from mindspeed_asp.types import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 from mindspeed_asp.sim import pipeline as pipeline_mod
 from mindspeed_asp.sim.engine import INF, InstanceSim
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import STALE_POLICIES, simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                            PromptSet)
 from mindspeed_asp.sim.engine import simulate_instances
 from mindspeed_asp.sim.pipeline import simulate_pipeline

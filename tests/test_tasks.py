@@ -21,7 +21,7 @@ from mindspeed_asp.runtime.tasks import GenerationLimits, Task, build_task
 from mindspeed_asp.runtime.tasks.demo import DemoTask
 from mindspeed_asp.runtime.tasks.replay import KINDS, REPLAY_EPOCHS, ReplayTask, scale_lengths
 from mindspeed_asp.runtime.tiny_model import EOS_TOKEN_ID
-from mindspeed_asp.runtime.types import GroupRequest
+from mindspeed_asp.runtime.requests import GroupRequest
 from mindspeed_asp.workloads.prompts import load_prompt_set
 from mindspeed_asp.workloads.synthetic import MODES, SyntheticRLWorkload
 
@@ -100,10 +100,12 @@ def _head_demo_module():
         return None
     if src.returncode != 0:
         return None
+    # the helper it imports moved since (the task's own code did not): point the import at where it lives now
+    code = src.stdout.replace("from mindspeed_asp.atomic import", "from mindspeed_asp.utils.atomic import")
     name = "asp_old_demo_task"
     mod = types.ModuleType(name)
     sys.modules[name] = mod  # dataclasses look their module up while the class is built
-    exec(compile(src.stdout, f"{DEMO_COMMIT[:8]}:mindspeed_asp/runtime/demo_task.py", "exec"), mod.__dict__)
+    exec(compile(code, f"{DEMO_COMMIT[:8]}:mindspeed_asp/runtime/demo_task.py", "exec"), mod.__dict__)
     return mod
 
 
@@ -334,7 +336,7 @@ def test_vllm_generates_exactly_the_drawn_lengths(tiny_model, local_ray):
     pytest.importorskip("vllm")
     from mindspeed_asp.runtime.instance import start_instances
     from mindspeed_asp.runtime.platform import platform_from_name
-    from mindspeed_asp.runtime.types import EngineConfig
+    from mindspeed_asp.runtime.requests import EngineConfig
 
     cfg = load_run_config(LONGTAIL)
     task = build_task(cfg, tiny_model)

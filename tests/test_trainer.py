@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="needs the runtime extra: pip instal
 
 from mindspeed_asp.runtime.tiny_model import ensure_tiny_model
 from mindspeed_asp.runtime.trainer import GRPOTrainer
-from mindspeed_asp.runtime.types import GroupResult, SampleResult
+from mindspeed_asp.runtime.requests import GroupResult, SampleResult
 
 torch.set_num_threads(1)
 

@@ -21,7 +21,7 @@ from mindspeed_asp.errors import WeightSyncError, WeightSyncTimeout  # noqa: E40
 from mindspeed_asp.runtime.instance import start_instances  # noqa: E402
 from mindspeed_asp.runtime.platform import platform_from_name  # noqa: E402
 from mindspeed_asp.runtime.tiny_model import load_hf_model  # noqa: E402
-from mindspeed_asp.runtime.types import EngineConfig, GroupRequest  # noqa: E402
+from mindspeed_asp.runtime.requests import EngineConfig, GroupRequest  # noqa: E402
 from mindspeed_asp.runtime.weight_sync.buckets import make_manifest, pack_bucket, plan_buckets, unpack_bucket  # noqa: E402
 from mindspeed_asp.runtime.weight_sync.checksums import (  # noqa: E402
     CHECKSUM_BLOCK,

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.jsonl import loads
-from mindspeed_asp.metrics import E2E_TPS_TEXT, devices_of, rho_stock
-from mindspeed_asp.run_report import EVENTS, any_events, run_events
-from mindspeed_asp.textfile import read_text
+from mindspeed_asp.utils.jsonl import loads
+from mindspeed_asp.core.metrics import E2E_TPS_TEXT, devices_of, rho_stock
+from mindspeed_asp.utils.run_report import EVENTS, any_events, run_events
+from mindspeed_asp.utils.textfile import read_text
 
 Loader = Callable[[Path], Dict[str, Any]]
 MSRL_SOURCE = "mindspeed-rl log"
@@ -262,7 +262,7 @@ def compare_runs(paths: Sequence[str | Path]) -> Tuple[str, List[Dict[str, Any]]
 
 
 def handler(args: argparse.Namespace) -> int:
-    from mindspeed_asp.atomic import check_output_file, write_json
+    from mindspeed_asp.utils.atomic import check_output_file, write_json
 
     if args.json:
         check_output_file(args.json, key="--json")  # before reading the runs

@@ -62,11 +62,11 @@ def _variant_overrides(overrides: List[str], settings: List[str]) -> List[str]:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from mindspeed_asp.atomic import check_output_dir, write_text
+    from mindspeed_asp.utils.atomic import check_output_dir, write_text
     from mindspeed_asp.commands.compare import compare_runs
     from mindspeed_asp.commands.train import build_config
-    from mindspeed_asp.extras import require
-    from mindspeed_asp.run_dir import prepare_run_dir
+    from mindspeed_asp.utils.extras import require
+    from mindspeed_asp.utils.run_dir import prepare_run_dir
 
     out = Path(args.out)
     variants = parse_variants(args.modes)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from mindspeed_asp.argtypes import MAX_COUNT, finite_float, length_int, positive_int, seed_int
+from mindspeed_asp.utils.argtypes import MAX_COUNT, finite_float, length_int, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -58,9 +58,9 @@ def _int_list(text: str, flag: str) -> List[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mindspeed_asp.atomic import check_output_file, write_json
+    from mindspeed_asp.utils.atomic import check_output_file, write_json
     from mindspeed_asp.errors import InputError
-    from mindspeed_asp.extras import require
+    from mindspeed_asp.utils.extras import require
 
     if args.timings is not None:
         return _fit_timings(args)
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _fit_timings(args: argparse.Namespace) -> int:
     """--timings: the same fit on timings measured elsewhere; no engine, no runtime extra."""
-    from mindspeed_asp.atomic import check_output_file
+    from mindspeed_asp.utils.atomic import check_output_file
     from mindspeed_asp.cost_model import fit_timings_file, save_cost_json
 
     out = check_output_file(args.output, key="-o")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from mindspeed_asp.argtypes import (any_float, finite_float, length_float, length_int, nonneg_float, positive_int,
+from mindspeed_asp.utils.argtypes import (any_float, finite_float, length_float, length_int, nonneg_float, positive_int,
                                     seed_int)
 
 
@@ -94,7 +94,7 @@ def _resolve_trace(trace: str, target):
 
 
 def _eval(args) -> int:
-    from mindspeed_asp.atomic import check_output_file, write_json
+    from mindspeed_asp.utils.atomic import check_output_file, write_json
     from mindspeed_asp.errors import InputError
     from mindspeed_asp.scheduler.estimators import make_estimator
     from mindspeed_asp.scheduler.length_metrics import evaluate
@@ -143,9 +143,9 @@ def _table(trace: str, groups: int, n: int, cap: int, section, results: Dict[str
 
 
 def _synth(args) -> int:
-    from mindspeed_asp.atomic import check_output_file
+    from mindspeed_asp.utils.atomic import check_output_file
     from mindspeed_asp.errors import InputError
-    from mindspeed_asp.memory_budget import check_fits, synthesis_bytes
+    from mindspeed_asp.core.memory_budget import check_fits, synthesis_bytes
     from mindspeed_asp.scheduler.history import LengthHistory
     from mindspeed_asp.workloads.prompts import save_prompt_set
     from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
@@ -189,7 +189,7 @@ def _synth(args) -> int:
 
 
 def _describe(args) -> int:
-    from mindspeed_asp.atomic import check_output_file, write_json
+    from mindspeed_asp.utils.atomic import check_output_file, write_json
     from mindspeed_asp.workloads.synthetic import tail_statistics
 
     if args.json:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from mindspeed_asp.argtypes import length_int, nonneg_int, positive_float, positive_int, seed_int
+from mindspeed_asp.utils.argtypes import length_int, nonneg_int, positive_float, positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -184,15 +184,15 @@ def _check_shape(prompts, instances: int, slots: int, n: int, n_key: str, window
 
 
 def run(args) -> int:
-    from mindspeed_asp.atomic import check_output_file, write_json
+    from mindspeed_asp.utils.atomic import check_output_file, write_json
     from mindspeed_asp.errors import InputError
-    from mindspeed_asp.memory_budget import check_fits, check_kv_budget, planning_bytes
+    from mindspeed_asp.core.memory_budget import check_fits, check_kv_budget, planning_bytes
     from mindspeed_asp.scheduler.build import estimate_lengths, build_plan
     from mindspeed_asp.scheduler.history import LengthHistory
-    from mindspeed_asp.scheduler.plan import plan_format
+    from mindspeed_asp.scheduler.plan_file import plan_format
     from mindspeed_asp.scheduler.planners import PLANNERS, needs_oracle
     from mindspeed_asp.cost_model import cost_from_section, load_cost_json
-    from mindspeed_asp.types import CostModel
+    from mindspeed_asp.core.problem import CostModel
     from mindspeed_asp.workloads.prompts import load_prompt_set
 
     if args.config is None:
@@ -283,7 +283,7 @@ def first_window_advice(result, prompts, est, *, cost, rho: float, kv_budget: Op
                         seed: int):
     """Regime advice on the plan's first window, in the regime the plan was built for (its header)."""
     from mindspeed_asp.experiments.advice import regime_advice
-    from mindspeed_asp.types import InstanceSpec, PlanningProblem
+    from mindspeed_asp.core.problem import InstanceSpec, PlanningProblem
 
     plan = result.plan
     rows = plan.iteration_rows(0)

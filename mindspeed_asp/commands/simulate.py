@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import List, Optional
 
-from mindspeed_asp.argtypes import MAX_SEED, nonneg_float, nonneg_int, positive_int
-from mindspeed_asp.policy import DEFAULT_STALE_POLICY, STALE_POLICIES
+from mindspeed_asp.utils.argtypes import MAX_SEED, nonneg_float, nonneg_int, positive_int
+from mindspeed_asp.core.policy import DEFAULT_STALE_POLICY, STALE_POLICIES
 
 #: Most seeds one command runs (each is a full simulation of every planner).
 MAX_SEEDS = 10_000
@@ -140,14 +140,14 @@ def _advice(spec: str, planners, cfg, seed: int):
 def handle(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from mindspeed_asp.atomic import check_output_dir, write_json
+    from mindspeed_asp.utils.atomic import check_output_dir, write_json
     from mindspeed_asp.errors import InputError
-    from mindspeed_asp.memory_budget import check_fits, planning_bytes
-    from mindspeed_asp.types import CostModel
+    from mindspeed_asp.core.memory_budget import check_fits, planning_bytes
+    from mindspeed_asp.core.problem import CostModel
     from mindspeed_asp.experiments import sweep
     from mindspeed_asp.cost_model import load_cost_json
 
-    # ranges and finiteness of the numbers: argparse types (mindspeed_asp.argtypes)
+    # ranges and finiteness of the numbers: argparse types (mindspeed_asp.utils.argtypes)
     out = check_output_dir(args.out, key="--out")  # before any simulation
     seeds = resolve_seeds(args.workload, args.seeds)
     if not seeds:

@@ -101,7 +101,7 @@ def _check_plan(cfg, path: str) -> None:
     from mindspeed_asp.errors import ConfigError, InputError, PlanMismatchError
     from mindspeed_asp.runtime.tasks import task_and_prompts
     from mindspeed_asp.runtime.run_config import PLAN_SETTING_KEYS, plan_settings
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
 
     _, prompts = task_and_prompts(cfg)
     try:
@@ -123,8 +123,8 @@ def _check_plan(cfg, path: str) -> None:
 def check_output(out: Path, overwrite: bool, key: str) -> None:
     """Refuse an output that cannot take a run, removing nothing: a later refusal (a missing extra) must
     leave an old run whole, so `--overwrite` clears it only once everything has been checked."""
-    from mindspeed_asp.atomic import check_output_dir
-    from mindspeed_asp.run_dir import prepare_run_dir
+    from mindspeed_asp.utils.atomic import check_output_dir
+    from mindspeed_asp.utils.run_dir import prepare_run_dir
 
     check_output_dir(out, key=key)
     if not overwrite:
@@ -157,8 +157,8 @@ def resume_setup(args: argparse.Namespace):
 
 
 def handler(args: argparse.Namespace) -> int:
-    from mindspeed_asp.extras import require
-    from mindspeed_asp.run_dir import prepare_run_dir
+    from mindspeed_asp.utils.extras import require
+    from mindspeed_asp.utils.run_dir import prepare_run_dir
 
     # The user's own mistakes first (config, outputs: core install only), then the install's: a typo in the
     # config is reported as such even where the runtime extra is missing.
@@ -220,7 +220,7 @@ def format_summary(s: Dict[str, Any], out: Path) -> str:
     for k in keys:
         v = s.get(k)
         lines.append(f"  {k:24s} {v:.4g}" if isinstance(v, (int, float)) else f"  {k:24s} {v}")
-    from mindspeed_asp.run_report import format_events  # what happened: deaths, re-dispatches, regenerated, ...
+    from mindspeed_asp.utils.run_report import format_events  # what happened: deaths, re-dispatches, regenerated, ...
 
     lines.append(f"  {'events':24s} {format_events(s)}")
     lines.append(f"  metrics: {out / 'metrics.jsonl'}  summary: {out / 'summary.json'}")

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import List
 
-from mindspeed_asp.argtypes import nonneg_float, positive_float, positive_int
+from mindspeed_asp.utils.argtypes import nonneg_float, positive_float, positive_int
 
 
 def _int_list(text: str, key: str) -> List[int]:
@@ -124,7 +124,7 @@ def make_setting(args: argparse.Namespace):
 
 
 def handle(args: argparse.Namespace) -> int:
-    from mindspeed_asp.atomic import check_output_dir, write_json
+    from mindspeed_asp.utils.atomic import check_output_dir, write_json
     from mindspeed_asp.errors import InputError
     from mindspeed_asp.experiments import whatif as wi
 

@@ -21,13 +21,13 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from mindspeed_asp.policy import DEFAULT_STALE_POLICY
+from mindspeed_asp.core.policy import DEFAULT_STALE_POLICY
 from mindspeed_asp.scheduler.planners import get_planner
 from mindspeed_asp.scheduler.scenarios import sample_scenarios
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
-from mindspeed_asp.types import Assignment, PlanningProblem
+from mindspeed_asp.core.problem import Assignment, PlanningProblem
 
 #: Sequences (groups x n) of the simulated window above which the advice shrinks it (keeps it a few seconds).
 ADVICE_MAX_SEQS = 32_768

@@ -11,7 +11,7 @@ Conventions:
   simulated cluster (R_LB does not depend on any planner, so every planner faces the same trainer); each run
   also reports `rho_stock`, the same trainer time over stock's simulated rollout of the window (the `stock`
   planner in the barrier mode on the same instances; docs/design.md#rho-and-rho_stock), and `rho_stock` may be given
-  instead of rho (`SweepConfig.rho_stock`), converted with `mindspeed_asp.metrics.rho_rlb_from_stock`;
+  instead of rho (`SweepConfig.rho_stock`), converted with `mindspeed_asp.core.metrics.rho_rlb_from_stock`;
 - non-oracle planners see the history estimate (or the `estimator` chosen); `oracle_*` planners see the
   OracleEstimator (true lengths);
 - a planner may carry its own mode as `name@mode` (e.g. `stock@stock`); otherwise the sweep's mode is used.
@@ -26,15 +26,15 @@ import numpy as np
 
 from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.metrics import rho_rlb_from_stock, rho_stock_from_rlb
-from mindspeed_asp.memory_budget import check_kv_budget
-from mindspeed_asp.policy import DEFAULT_STALE_POLICY
+from mindspeed_asp.core.metrics import rho_rlb_from_stock, rho_stock_from_rlb
+from mindspeed_asp.core.memory_budget import check_kv_budget
+from mindspeed_asp.core.policy import DEFAULT_STALE_POLICY
 from mindspeed_asp.scheduler.estimators import OracleEstimator, make_estimator
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner, needs_oracle
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import MODES, SimResult, simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel, trainer_for_rho
-from mindspeed_asp.types import CostModel, InstanceSpec, PlanningProblem
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.workloads.spec import workload_from_spec
 
 
@@ -174,7 +174,7 @@ def stock_rollout(wb: Workbench, cfg: SweepConfig) -> float:
 
 def resolve_rho(wb: Workbench, cfg: SweepConfig) -> Tuple[float, float]:
     """(rho over R_LB, rho over stock's rollout) of this workbench: whichever the config gives, the other
-    converted (`mindspeed_asp.metrics`)."""
+    converted (`mindspeed_asp.core.metrics`)."""
     stock = stock_rollout(wb, cfg)
     if cfg.rho_stock is not None:
         return rho_rlb_from_stock(cfg.rho_stock, wb.r_lb, stock), float(cfg.rho_stock)

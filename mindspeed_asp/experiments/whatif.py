@@ -19,7 +19,7 @@ from mindspeed_asp.scheduler.estimators import make_estimator
 from mindspeed_asp.scheduler.planners import get_planner
 from mindspeed_asp.sim import cluster as cm
 from mindspeed_asp.sim.model_presets import Device, ModelPreset, get_device, get_preset
-from mindspeed_asp.types import CostModel
+from mindspeed_asp.core.problem import CostModel
 from mindspeed_asp.workloads.spec import workload_from_spec
 
 #: planner names of the sweep -> cluster-model mode
@@ -76,7 +76,7 @@ def check_shape(s: Setting, windows: int, slots_key: str = "--slots", groups_key
     than a group's n samples (the planners and the cluster model put a group's n samples on one instance
     together, as the runtime dispatches it), and slots or windows x groups whose simulation cannot fit this
     machine's memory (estimated before the workload is synthesised)."""
-    from mindspeed_asp.memory_budget import check_fits as check_memory, planning_bytes, synthesis_bytes
+    from mindspeed_asp.core.memory_budget import check_fits as check_memory, planning_bytes, synthesis_bytes
 
     if s.slots < s.n:
         raise InputError(f"{slots_key} {s.slots} is below a group's {s.n} samples (n={s.n}): a group's samples run "
@@ -418,7 +418,7 @@ def calibrate_from_log(s: Setting, summ: Dict[str, object], path: str, wins: cm.
 
 def plot(rows: Sequence[Dict[str, object]], path, title: str = ""):
     """e2e_tps against rollout devices, one line per (planner, max_lag), colocated stock as a level."""
-    from mindspeed_asp.plotting import pyplot, save_figure
+    from mindspeed_asp.utils.plotting import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))

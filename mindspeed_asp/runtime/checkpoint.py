@@ -40,10 +40,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import write_text
+from mindspeed_asp.utils.atomic import write_text
 from mindspeed_asp.errors import CheckpointError, InputError, error_chain
-from mindspeed_asp.runtime.types import GroupResult, RequestId, SampleResult
-from mindspeed_asp.textfile import read_text
+from mindspeed_asp.runtime.requests import GroupResult, RequestId, SampleResult
+from mindspeed_asp.utils.textfile import read_text
 
 CHECKPOINT_DIR = "checkpoint"
 LATEST_FILE = "latest.json"
@@ -240,7 +240,7 @@ def latest_checkpoint(run_dir: PathLike, key: str = "--resume") -> Path:
     """The directory of the run's latest complete checkpoint, its files verified against their recorded
     hashes; an InputError naming the file when there is none or it is damaged. A directory a live run holds
     locked is refused first (runtime files are only read here)."""
-    from mindspeed_asp.run_dir import check_run_dir_free
+    from mindspeed_asp.utils.run_dir import check_run_dir_free
 
     root = checkpoint_root(run_dir)
     latest = root / LATEST_FILE

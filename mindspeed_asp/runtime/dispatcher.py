@@ -4,7 +4,7 @@ The dispatcher is a pure state machine (no Ray, no vLLM) so every rule is unit-t
 events (a window of groups, a finished group, a dead instance, a stale group to regenerate) and asks it to
 `fill` free instance capacity at the trainer's version. Which instance is offered work first, whom a thief
 robs, where a group sent back goes, and how many groups the max-lag bound admits are the policy's
-(`mindspeed_asp/policy.py`, shared with the simulator); the dispatcher reports its dispatches and lost groups
+(`mindspeed_asp/core/policy.py`, shared with the simulator); the dispatcher reports its dispatches and lost groups
 to the `LagPolicy` it is given.
 
 Three policies, one per runtime mode (docs/design.md#modes):
@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from mindspeed_asp.policy import (LagPolicy, lightest, may_steal, offer_order, shared_queue_order, steal_victim,
+from mindspeed_asp.core.policy import (LagPolicy, lightest, may_steal, offer_order, shared_queue_order, steal_victim,
                                   wake_order)
 
 POLICIES = ("stock", "least_loaded", "plan")

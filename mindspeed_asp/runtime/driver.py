@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from mindspeed_asp.errors import RunError
-from mindspeed_asp.metrics import split_devices
-from mindspeed_asp.run_report import StartupProgress
+from mindspeed_asp.core.metrics import split_devices
+from mindspeed_asp.utils.run_report import StartupProgress
 from mindspeed_asp.runtime.engine_steps import EngineStepLog
-from mindspeed_asp.runtime.metrics_log import GroupSpan, RunRecorder
+from mindspeed_asp.runtime.run_recorder import GroupSpan, RunRecorder
 from mindspeed_asp.runtime.ray_utils import RaySession
 from mindspeed_asp.runtime.rollout_control import RolloutControl
 from mindspeed_asp.runtime.rollout_pool import CALL_TIMEOUT_S, RolloutPool, engine_config
@@ -43,15 +43,15 @@ from mindspeed_asp.runtime.stall_watch import EngineStalled, StallWatch
 from mindspeed_asp.runtime.step_record import StepTimes, bar_postfix, step_record
 from mindspeed_asp.runtime.tasks import Task, task_and_prompts
 from mindspeed_asp.runtime.stop_signals import StopSignals
-from mindspeed_asp.runtime.types import RequestId
+from mindspeed_asp.runtime.requests import RequestId
 from mindspeed_asp.runtime.window_feed import WindowFeed, load_plan_file
 
 if TYPE_CHECKING:
     from mindspeed_asp.runtime.platform import Platform
     from mindspeed_asp.runtime.replan import WindowPlanner
     from mindspeed_asp.runtime.trainer import GRPOTrainer
-    from mindspeed_asp.scheduler.plan import DispatchPlan
-    from mindspeed_asp.types import PromptSet
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
+    from mindspeed_asp.core.problem import PromptSet
 
 POLL_S = 0.05
 #: vLLM's per-request INFO lines would bury the progress bar; warnings and errors still show.
@@ -112,7 +112,7 @@ class Driver:
         self.pool: Optional[RolloutPool] = None
         self.shared_pool = pool
         self.keep_pool = bool(keep_pool or pool is not None)
-        self.startup: Optional[StartupProgress] = None  # start-up lines on stderr (mindspeed_asp/run_report.py)
+        self.startup: Optional[StartupProgress] = None  # start-up lines on stderr (mindspeed_asp/utils/run_report.py)
         self.trainer: Optional[GRPOTrainer] = None
         self.t_last_step: Optional[float] = None
         self.stall_watch = StallWatch(cfg.run.stall_timeout_s)  # hung engines (runtime/stall_watch.py)
@@ -243,7 +243,7 @@ class Driver:
         The Ray it started (a local one) is stopped afterwards; an existing cluster (`run.ray_address`) is
         only disconnected from, and a Ray this process already had is left as it was.
         """
-        from mindspeed_asp.run_dir import lock_run_dir
+        from mindspeed_asp.utils.run_dir import lock_run_dir
 
         lock = lock_run_dir(self.out)  # before anything is written into it; a second run there is refused
         installed = self.stop.install() if self.handle_signals else False
@@ -287,7 +287,7 @@ class Driver:
     # ------------------------------------------------------------------ dispatch and polling
     def _dispatch(self) -> None:
         """Hand out what the rollout control admits at the current version, one request per group."""
-        from mindspeed_asp.runtime.types import GroupRequest
+        from mindspeed_asp.runtime.requests import GroupRequest
 
         admission = self.control.admit(self.version)  # stock: its M groups; streaming: what the lag admits
         for gid in admission.regenerated:  # stale groups sent back to the front, counted by the queue

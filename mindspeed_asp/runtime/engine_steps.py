@@ -60,7 +60,7 @@ class EngineStepLog:
         """engine_steps.jsonl: every engine step of the run per instance, one JSON object per line."""
         import ray
 
-        from mindspeed_asp.atomic import write_text
+        from mindspeed_asp.utils.atomic import write_text
 
         lines = []
         for j in self.pool.live():

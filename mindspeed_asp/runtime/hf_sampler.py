@@ -14,8 +14,8 @@ import torch
 
 
 def _result_types():
-    """D's record types (runtime/types.py)."""
-    from mindspeed_asp.runtime.types import GroupResult, SampleResult
+    """D's record types (runtime/requests.py)."""
+    from mindspeed_asp.runtime.requests import GroupResult, SampleResult
 
     return GroupResult, SampleResult
 

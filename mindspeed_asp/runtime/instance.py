@@ -48,7 +48,7 @@ import ray
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.runtime.platform import Platform, current_platform
 from mindspeed_asp.runtime.ray_utils import actor_env
-from mindspeed_asp.runtime.types import EngineConfig, GroupRequest, GroupResult, SampleResult
+from mindspeed_asp.runtime.requests import EngineConfig, GroupRequest, GroupResult, SampleResult
 from mindspeed_asp.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES
 from mindspeed_asp.runtime.weight_sync.communicators import DEFAULT_TIMEOUT_S
 

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindspeed_asp.cost_model import CostFit, fit_cost_model
-from mindspeed_asp.types import CostModel, InstanceSpec
+from mindspeed_asp.core.problem import CostModel, InstanceSpec
 
 StepRow = Tuple[int, int, int, float]  # active sequences, KV tokens, prefill tokens, seconds
 
@@ -154,7 +154,7 @@ class RhoMeter:
 
     def estimate(self, cost: CostModel) -> RhoEstimate:
         """The measured rho under `cost`, or the default while nothing was measured."""
-        from mindspeed_asp.sim.metrics import rollout_lower_bound
+        from mindspeed_asp.sim.bounds import rollout_lower_bound
 
         if not self.train_s or not self._windows:
             return RhoEstimate(self.default, "configured", len(self.train_s), len(self._windows))

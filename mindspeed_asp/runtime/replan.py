@@ -24,7 +24,7 @@ import numpy as np
 from mindspeed_asp.config import AspSection
 from mindspeed_asp.cost_model import cost_from_section
 from mindspeed_asp.runtime.online_cost import CostEstimate, OnlineCostFit, RhoEstimate, RhoMeter
-from mindspeed_asp.types import Assignment, CostModel, InstanceSpec, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import Assignment, CostModel, InstanceSpec, PlanningProblem, PromptSet
 
 if TYPE_CHECKING:
     from mindspeed_asp.scheduler.history import LengthHistory

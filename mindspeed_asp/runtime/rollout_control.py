@@ -1,7 +1,7 @@
 """The rollout control: the max-lag policy, the dispatcher and the sample queue, wired once.
 
 Two drivers feed rollout instances: the standalone runtime's (`runtime/driver.py`, Ray actors polled from
-one process) and the MindSpeed-RL integration's (`integrations/mindspeed_rl/rollout_driver.py`, TP-rank
+one process) and the MindSpeed-RL integration's (`integrations/mindspeed_rl/lockstep_rollout.py`, TP-rank
 actors stepped in lockstep). What they decide is the same, so it lives here and nowhere else: which groups an
 instance may take now (the one capacity rule and the max-lag admission), where a finished group goes and
 under which version it counts, which minibatch the next update trains and in which order, what a stale group
@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from mindspeed_asp.policy import LagPolicy
+from mindspeed_asp.core.policy import LagPolicy
 from mindspeed_asp.runtime.dispatcher import MODE_POLICY, Dispatcher, Ticket
 from mindspeed_asp.runtime.sample_queue import QUEUE_COUNTERS, SampleQueue
 

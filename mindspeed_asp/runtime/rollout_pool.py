@@ -18,9 +18,9 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import RunError, WeightSyncError
-from mindspeed_asp.run_report import StartupProgress
+from mindspeed_asp.utils.run_report import StartupProgress
 from mindspeed_asp.runtime.platform import Platform
-from mindspeed_asp.runtime.types import EngineConfig, GroupRequest
+from mindspeed_asp.runtime.requests import EngineConfig, GroupRequest
 from mindspeed_asp.runtime.weight_sync.communicators import DEFAULT_TIMEOUT_S
 
 POLL_S = 0.05

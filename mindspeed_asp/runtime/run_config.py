@@ -16,8 +16,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, ObjectiveSection, Seed, Strict, Timeout, read_yaml,
                                   validate_overridden, validate_section)
 from mindspeed_asp.errors import ConfigError
-from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH
-from mindspeed_asp.runtime.metrics_log import DEFAULT_TRAINER_DEVICES
+from mindspeed_asp.core.limits import MAX_COUNT, MAX_LENGTH
+from mindspeed_asp.runtime.run_recorder import DEFAULT_TRAINER_DEVICES
 
 #: On CPU the "devices" are logical slots: each instance is one vLLM process with `instance_threads` OpenMP
 #: threads. More instances than this share the same cores so thinly that vLLM start-up times out, so a
@@ -237,7 +237,7 @@ def validate_semantics(cfg: RunConfig, path: str, devices: Optional[int] = None)
     return cfg
 
 
-#: The run's key of each setting a dispatch plan depends on (scheduler/plan.py SETTINGS), for messages.
+#: The run's key of each setting a dispatch plan depends on (scheduler/plan_file.py SETTINGS), for messages.
 PLAN_SETTING_KEYS = {"n": "data.n", "instances": "asp.instances", "slots": "asp.slots",
                      "kv_budget": "asp.kv_budget_tokens", "minibatch_groups": "asp.minibatch_groups",
                      "groups_per_iteration": "asp.replan_every x asp.minibatch_groups",

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from mindspeed_asp.plotting import pyplot, save_figure
-from mindspeed_asp.runtime.metrics_log import TRACE_FILE
+from mindspeed_asp.utils.plotting import pyplot, save_figure
+from mindspeed_asp.runtime.run_recorder import TRACE_FILE
 
 
 def plot_run(run_dir: str | Path) -> List[Path]:

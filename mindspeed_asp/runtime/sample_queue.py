@@ -1,6 +1,6 @@
 """The sample queue between rollout instances and the trainer.
 
-Every rule it applies is the shared policy's (`mindspeed_asp/policy.py`, docs/design.md#shared-policy), so
+Every rule it applies is the shared policy's (`mindspeed_asp/core/policy.py`, docs/design.md#shared-policy), so
 the simulator trains in the same order under the same bound:
 
 1. **Admission** happens at dispatch (`Dispatcher.fill` asks the `LagPolicy`); the queue reports the groups
@@ -26,8 +26,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from mindspeed_asp import metrics
-from mindspeed_asp.policy import (DEFAULT_STALE_POLICY, TRAIN_ORDERS, LagPolicy, check_stale_policy,
+from mindspeed_asp.core import metrics
+from mindspeed_asp.core.policy import (DEFAULT_STALE_POLICY, TRAIN_ORDERS, LagPolicy, check_stale_policy,
                                   check_train_order, group_lag, is_stale, train_key)
 
 PREFER = TRAIN_ORDERS

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
-from mindspeed_asp.metrics import e2e_tps
-from mindspeed_asp.runtime.metrics_log import offpolicy_fields
+from mindspeed_asp.core.metrics import e2e_tps
+from mindspeed_asp.runtime.run_recorder import offpolicy_fields
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from mindspeed_asp.metrics import micro_batch_padding, padding_share
+from mindspeed_asp.core.metrics import micro_batch_padding, padding_share
 from mindspeed_asp.runtime import grpo
-from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, token_weighted_lag
+from mindspeed_asp.runtime.run_recorder import TOKEN_LAG_KEY, token_weighted_lag
 
 CHECKPOINT_FORMAT = "mindspeed_asp.grpo_trainer/1"
 OBJECTIVES = ("standard", "decoupled")

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from mindspeed_asp.runtime.replan import WindowPlanner
     from mindspeed_asp.runtime.rollout_control import RolloutControl
     from mindspeed_asp.runtime.run_config import RunConfig
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
 
 
 @dataclass
@@ -212,7 +212,7 @@ def load_plan_file(cfg: "RunConfig", prompt_set: Any) -> "DispatchPlan":
     starts; code that calls run_training directly, benchmarks and the demo, gets the same refusal here)."""
     from mindspeed_asp.errors import RunError
     from mindspeed_asp.runtime.run_config import PLAN_SETTING_KEYS, plan_settings
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
 
     plan = DispatchPlan.load(cfg.asp.plan_path, prompts=prompt_set)
     if plan.instances != cfg.asp.instances:

@@ -24,13 +24,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspeed_asp.fluid import GroupMoments, group_moments
+from mindspeed_asp.core.fluid import GroupMoments, group_moments
 from mindspeed_asp.scheduler import partition, scenarios
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
-from mindspeed_asp.sim.metrics import rollout_lower_bound as scenario_lower_bound
+from mindspeed_asp.sim.bounds import rollout_lower_bound as scenario_lower_bound
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
-from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
+from mindspeed_asp.core.problem import Assignment, InstanceSpec, PlanningProblem
 
 LPT_BALANCE = -1.0  # theta value meaning "LPT over all groups" instead of tails + KK
 DEAL_BALANCE = -2.0  # theta value meaning "longest first, dealt round-robin" (equal counts, even tails)

@@ -11,8 +11,8 @@ from typing import List
 import numpy as np
 
 from mindspeed_asp.scheduler import partition
-from mindspeed_asp.fluid import group_moments
-from mindspeed_asp.types import Assignment, PlanningProblem
+from mindspeed_asp.core.fluid import group_moments
+from mindspeed_asp.core.problem import Assignment, PlanningProblem
 
 
 def _untagged(orders: List[np.ndarray], G: int, name: str, shared: bool = False, **params: float) -> Assignment:

@@ -14,11 +14,11 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from mindspeed_asp import __version__
-from mindspeed_asp.fluid import group_moments, instance_times, rollout_lower_bound
-from mindspeed_asp.scheduler.plan import DispatchPlan
+from mindspeed_asp.core.fluid import group_moments, instance_times, rollout_lower_bound
+from mindspeed_asp.scheduler.plan_file import DispatchPlan
 from mindspeed_asp.scheduler.asp_planner import fixed_choice, plan_asp
 from mindspeed_asp.scheduler.planners import get_planner, is_oracle_estimate, needs_oracle
-from mindspeed_asp.types import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
+from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
                                            PromptSet)
 
 

@@ -17,7 +17,7 @@ from scipy.special import log_ndtr, ndtr, ndtri
 from mindspeed_asp.config import EstimatorSection
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.scheduler.history import HistorySamples, LengthHistory
-from mindspeed_asp.types import LengthEstimate, PromptSet, ResidualPool
+from mindspeed_asp.core.problem import LengthEstimate, PromptSet, ResidualPool
 
 
 def group_max_quantile(median: np.ndarray, sigma: np.ndarray, n: int, q: float,

@@ -17,9 +17,9 @@ trace's cap comes from the file rather than from its longest length (workloads/t
 ``append_rollout_log`` merges them: lines with the same (prompt_id, epoch), for example a group split over
 instances or regenerated after a lag violation, are concatenated into one record. A saved history file must
 instead hold each (prompt_id, epoch) once; a duplicate there is reported with its line. Every length read from
-a file is an integer in 1 .. 10^7 tokens (`mindspeed_asp.limits.MAX_LENGTH`: a response has at least one
+a file is an integer in 1 .. 10^7 tokens (`mindspeed_asp.core.limits.MAX_LENGTH`: a response has at least one
 token, and 10^7 is far above any context length) and every epoch in 0 .. 2^31 - 1; anything else is refused
-with the file, line (or row) and key (a JSON key given twice too: `mindspeed_asp.jsonl`). Lengths added in
+with the file, line (or row) and key (a JSON key given twice too: `mindspeed_asp.utils.jsonl`). Lengths added in
 code (`add`, `add_epoch`: the runtime's observed groups, a checkpoint's history, traces) obey the same bounds,
 refused with a ValueError naming the prompt and epoch (a resume names the checkpoint file and key).
 """
@@ -32,10 +32,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import atomic_open, atomic_path
+from mindspeed_asp.utils.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.jsonl import iter_jsonl_objects
-from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH, length_range_message, length_value, short_repr
+from mindspeed_asp.utils.jsonl import iter_jsonl_objects
+from mindspeed_asp.core.limits import MAX_COUNT, MAX_LENGTH, length_range_message, length_value, short_repr
 
 SCHEMA_VERSION = 1
 CAP_METADATA = "mindspeed_asp.max_new_tokens"  # Parquet schema metadata key of a declared generation cap

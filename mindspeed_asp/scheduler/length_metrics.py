@@ -19,7 +19,7 @@ from typing import Dict
 import numpy as np
 from scipy import stats
 
-from mindspeed_asp.types import LengthEstimate
+from mindspeed_asp.core.problem import LengthEstimate
 
 
 def evaluate(estimate: LengthEstimate, truth: np.ndarray) -> Dict[str, float]:

@@ -10,10 +10,10 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from mindspeed_asp.planner_names import ORACLE_OF, ORACLE_PREFIX, PLANNER_NAMES
+from mindspeed_asp.core.planner_names import ORACLE_OF, ORACLE_PREFIX, PLANNER_NAMES
 from mindspeed_asp.scheduler import baselines
 from mindspeed_asp.scheduler.asp_planner import plan_asp
-from mindspeed_asp.types import Assignment, PlanningProblem
+from mindspeed_asp.core.problem import Assignment, PlanningProblem
 
 Planner = Callable[[PlanningProblem, np.random.Generator], Assignment]
 
@@ -70,7 +70,7 @@ PLANNERS["fifo"] = _named(baselines.plan_round_robin, "fifo")
 for _name in ORACLE_OF:
     PLANNERS[ORACLE_PREFIX + _name] = _oracle(_BASE[_name], ORACLE_PREFIX + _name)
 if tuple(PLANNERS) != PLANNER_NAMES:  # the config validates against the names alone
-    raise RuntimeError(f"planner registry {list(PLANNERS)} differs from mindspeed_asp.planner_names "
+    raise RuntimeError(f"planner registry {list(PLANNERS)} differs from mindspeed_asp.core.planner_names "
                        f"{list(PLANNER_NAMES)}; change both together")
 
 

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mindspeed_asp.types import PlanningProblem
+from mindspeed_asp.core.problem import PlanningProblem
 
 
 # Log-scale error of a predicted median when the estimate does not carry a measured one in `params["pred_log_error"]`

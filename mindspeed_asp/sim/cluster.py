@@ -27,11 +27,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.metrics import DeviceCount, colocated_devices, e2e_tps, rho_stock, split_devices
-from mindspeed_asp.sim.metrics import lower_bounds
+from mindspeed_asp.core.metrics import DeviceCount, colocated_devices, e2e_tps, rho_stock, split_devices
+from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
-from mindspeed_asp.types import Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
 
 Plan = Callable[[PlanningProblem], Assignment]
 #: colocated = MindSpeed-RL's stock (all devices generate, then all train); the split modes:
@@ -123,7 +123,7 @@ class Split:
         return self.devices if self.colocated else self.devices - int(self.rollout_devices)
 
     def device_count(self) -> DeviceCount:
-        """The project's e2e_tps denominator (mindspeed_asp/metrics.py): all N devices either way."""
+        """The project's e2e_tps denominator (mindspeed_asp/core/metrics.py): all N devices either way."""
         if self.colocated:
             return colocated_devices(self.devices)
         return split_devices(self.instances, self.tp, self.trainer_devices)

@@ -3,7 +3,7 @@ it may open, decided by the shared policy as the runtime's `Dispatcher` decides 
 
 Why apart from the event loop (engine.py): the event loop models what an instance does with the sequences it
 has (admit, step, finish, preempt); this models how groups reach it, with the same functions of
-`mindspeed_asp/policy.py` the runtime's dispatcher calls. It owns the instances' queues of not-started groups,
+`mindspeed_asp/core/policy.py` the runtime's dispatcher calls. It owns the instances' queues of not-started groups,
 the shared queue, what each instance holds and the budget granted to each.
 
 Where an instance's next group comes from when its own queue is empty:
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from mindspeed_asp.policy import lightest, may_steal, shared_queue_order, steal_victim
+from mindspeed_asp.core.policy import lightest, may_steal, shared_queue_order, steal_victim
 from mindspeed_asp.sim.instance_inputs import InstanceInputs
 
 if TYPE_CHECKING:

@@ -42,11 +42,11 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspeed_asp.policy import offer_order, wake_order
+from mindspeed_asp.core.policy import offer_order, wake_order
 from mindspeed_asp.sim.dispatcher import NOWHERE, OWN, GroupDispatcher, plan_queues
 from mindspeed_asp.sim.instance import Instance, Sequences
 from mindspeed_asp.sim.instance_inputs import DISPATCH, INF, InstanceInputs, check_instance_inputs
-from mindspeed_asp.types import InstanceSpec
+from mindspeed_asp.core.problem import InstanceSpec
 
 __all__ = ["DISPATCH", "INF", "GateFn", "InstanceSim", "InstanceTrace", "simulate_instances"]
 

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindspeed_asp.sim.step_cost import make_intervals
-from mindspeed_asp.types import InstanceSpec
+from mindspeed_asp.core.problem import InstanceSpec
 
 INF = float("inf")
 DISPATCH = ("plan", "fifo", "shared")

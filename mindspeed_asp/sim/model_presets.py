@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.types import CostModel
+from mindspeed_asp.core.problem import CostModel
 
 GB = 1e9
 

@@ -5,7 +5,7 @@ still starve a streaming trainer, so the simulator couples the instance model (e
 one event loop and reports every metric and bound under the project's names.
 
 Modes:
-- "stream": the runtime's asynchronous modes under the runtime's policy (`mindspeed_asp/policy.py`, the
+- "stream": the runtime's asynchronous modes under the runtime's policy (`mindspeed_asp/core/policy.py`, the
   same `LagPolicy` the runtime's dispatcher and sample queue drive; docs/design.md#shared-policy).
   Instances follow their plan queues (asp; `dispatch="fifo"`: one queue in dataset order, the runtime's
   async mode). A group is dispatched (its first sample admitted) only while the policy admits it
@@ -36,13 +36,13 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from mindspeed_asp.policy import (DEFAULT_STALE_POLICY, STALE_POLICIES, LagPolicy, check_stale_policy, is_stale,
+from mindspeed_asp.core.policy import (DEFAULT_STALE_POLICY, STALE_POLICIES, LagPolicy, check_stale_policy, is_stale,
                                   train_key)
-from mindspeed_asp.types import Assignment, InstanceSpec, PlanningProblem
-from mindspeed_asp.fluid import group_moments
-from mindspeed_asp.metrics import (DeviceCount, colocated_devices, e2e_tps, generation_padding, lag_stats,
+from mindspeed_asp.core.problem import Assignment, InstanceSpec, PlanningProblem
+from mindspeed_asp.core.fluid import group_moments
+from mindspeed_asp.core.metrics import (DeviceCount, colocated_devices, e2e_tps, generation_padding, lag_stats,
                                    skewness, split_devices, tail_share)
-from mindspeed_asp.sim import metrics as mx
+from mindspeed_asp.sim import bounds as mx
 from mindspeed_asp.sim.engine import DISPATCH, INF, InstanceSim, InstanceTrace
 from mindspeed_asp.sim.train_time import TrainerModel
 
@@ -60,7 +60,7 @@ class SimResult:
     `mb_sync_end`, `mb_groups`, `mb_tokens`. `queue_t`/`queue_q` is the ready-queue occupancy step function.
     `lags` holds the lag of every trained sample. `trace` is the instance trace (Gantt data).
     `mb_group_ids` lists the trained groups in training order (split by `mb_groups`). `devices` is what
-    `throughput/e2e_tps` divided by (`mindspeed_asp.metrics.DeviceCount`).
+    `throughput/e2e_tps` divided by (`mindspeed_asp.core.metrics.DeviceCount`).
     """
 
     mode: str

@@ -11,7 +11,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from mindspeed_asp.plotting import pyplot, save_figure
+from mindspeed_asp.utils.plotting import pyplot, save_figure
 
 
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mindspeed_asp.types import CostModel
+from mindspeed_asp.core.problem import CostModel
 
 __all__ = ["TabulatedCost", "make_intervals"]
 

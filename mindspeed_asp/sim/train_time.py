@@ -1,6 +1,6 @@
 """A time model of the trainer: seconds per minibatch, and the alpha that makes a workload hit a chosen rho.
 
-Only time: which groups a minibatch holds and when it may start are the policy's (mindspeed_asp/policy.py,
+Only time: which groups a minibatch holds and when it may start are the policy's (mindspeed_asp/core/policy.py,
 applied by sim/pipeline.py).
 
 Why tokens: a GRPO/PPO update's forward+backward cost grows with the tokens it processes (prompt and

@@ -17,17 +17,17 @@ from typing import List, Optional, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import atomic_open
+from mindspeed_asp.utils.atomic import atomic_open
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.jsonl import iter_json_objects
-from mindspeed_asp.limits import length_value
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.utils.jsonl import iter_json_objects
+from mindspeed_asp.core.limits import length_value
+from mindspeed_asp.core.problem import PromptSet
 
 PathLike = Union[str, Path]
 
 
 def _int_field(rec: dict, key: str, path: str, line: int) -> int:
-    """A prompt length: an integer in 0 .. MAX_LENGTH tokens (mindspeed_asp/limits.py)."""
+    """A prompt length: an integer in 0 .. MAX_LENGTH tokens (mindspeed_asp/core/limits.py)."""
     return length_value(rec[key], path=path, line=line, key=key, lo=0, what="prompt length", integral_floats=True)
 
 

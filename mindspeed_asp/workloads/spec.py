@@ -27,10 +27,10 @@ from typing import Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.limits import LENGTH_BOUND_TEXT, MAX_LENGTH
-from mindspeed_asp.memory_budget import check_fits, planning_bytes, synthesis_bytes
+from mindspeed_asp.core.limits import LENGTH_BOUND_TEXT, MAX_LENGTH
+from mindspeed_asp.core.memory_budget import check_fits, planning_bytes, synthesis_bytes
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 
 _SYNTH_KEYS = {"prompts": int, "n": int, "seed": int, "epochs": int, "median": float, "cap": int,
                "trend": float, "rho": float, "sigma_between": float, "regime": str, "mode": str,

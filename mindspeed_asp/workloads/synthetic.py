@@ -38,9 +38,9 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindspeed_asp.limits import LENGTH_BOUND_TEXT, MAX_LENGTH, MAX_SEED
+from mindspeed_asp.core.limits import LENGTH_BOUND_TEXT, MAX_LENGTH, MAX_SEED
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 
 _BASE: Dict[str, object] = {
     "median_tokens": 2048.0, "max_new_tokens": 16384, "sigma_between": 1.0, "sigma_within": (0.3, 0.8),
@@ -154,7 +154,8 @@ class SyntheticRLWorkload:
             raise ParameterError("median_tokens", "median_tokens must be > 0")
         if int(p["max_new_tokens"]) < 1:
             raise ParameterError("max_new_tokens", "max_new_tokens must be >= 1")
-        for key in ("median_tokens", "max_new_tokens", "prompt_len_median"):  # token lengths: mindspeed_asp/limits.py
+        # token lengths: mindspeed_asp/core/limits.py
+        for key in ("median_tokens", "max_new_tokens", "prompt_len_median"):
             if float(p[key]) > MAX_LENGTH:
                 raise ParameterError(key, f"{key} must be <= {LENGTH_BOUND_TEXT}, got {p[key]}")
         if not 0 <= int(seed) <= MAX_SEED:

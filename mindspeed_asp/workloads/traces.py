@@ -13,7 +13,7 @@
 The generation cap (max_new_tokens) of a trace comes from the data: the cap the file declares when it does (a
 ``"max_new_tokens"`` key on the records of a JSON/JSON Lines trace, or the Parquet schema metadata of a history
 file), else the longest length in the file. A declared cap below a length in the file is an error. Every length
-is read as an integer in 1 .. 10^7 tokens and every prompt length in 0 .. 10^7 (`mindspeed_asp.limits`), else
+is read as an integer in 1 .. 10^7 tokens and every prompt length in 0 .. 10^7 (`mindspeed_asp.core.limits`), else
 the file, line and column are named.
 """
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Iterator, Optional, Tuple, Union
 import numpy as np
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.jsonl import iter_json_objects
-from mindspeed_asp.limits import length_value
-from mindspeed_asp.textfile import read_text
+from mindspeed_asp.utils.jsonl import iter_json_objects
+from mindspeed_asp.core.limits import length_value
+from mindspeed_asp.utils.textfile import read_text
 from mindspeed_asp.scheduler.history import LengthHistory, declared_cap_value
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 from mindspeed_asp.workloads.prompts import load_prompt_set
 
 PathLike = Union[str, Path]

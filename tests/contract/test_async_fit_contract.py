@@ -95,7 +95,7 @@ def test_metrics_sort_needs_the_colocated_rollout_timing_and_the_async_fit_write
     msrl_shim.install()
     from mindspeed_rl.utils.utils import metrics_post_processing, metrics_sort
     from mindspeed_asp.integrations.mindspeed_rl.async_trainer import async_timing_metrics
-    from mindspeed_asp.runtime.types import GroupResult, SampleResult
+    from mindspeed_asp.runtime.requests import GroupResult, SampleResult
 
     before = _stage_metrics()
     before.update("timing/rollout", value=[6.5, 0.0], cumulate=True)  # without timing/resharding_to_infer

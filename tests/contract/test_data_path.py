@@ -134,7 +134,7 @@ def test_async_trainer_rows_are_what_msrl_stages_read(env):
     from mindspeed_asp.integrations.mindspeed_rl.async_trainer import put_groups
     from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
         ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB, build_grpo_wrapper)
-    from mindspeed_asp.runtime.types import GroupResult, SampleResult
+    from mindspeed_asp.runtime.requests import GroupResult, SampleResult
 
     def builder(self, prompts_num, n_samples_per_prompt, metrics, max_age, gbs_train, addition_columns=None,
                 reuse_image_embeds=False, dataset_additional_keys=None):

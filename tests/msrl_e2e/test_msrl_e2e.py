@@ -107,7 +107,7 @@ def test_installing_asp_changes_nothing_in_stock_mode(stock: Dict[str, Any],
 
 
 def test_plan_ordered_rows_in_msrl_fit(asp0: Dict[str, Any]) -> None:
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
     its = asp0["iterations"]
     assert [r["iteration"] for r in its] == list(range(1, ITERS + 1))
     assert all(all(k in r for k in MSRL_NAMES) for r in its)
@@ -173,7 +173,7 @@ def test_asp_run_resumes_from_msrl_checkpoint_with_asps_state(workdir: Path) -> 
     ones are generated again, versions continue, the plan cursor continues (every planned prompt trained once,
     none lost), and no group is trained twice across the restart."""
     from mindspeed_asp.integrations.mindspeed_rl.resume_state import read_state
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
     common = dict(iters=RESUME_ITERS, tag="resume")
     first = run_mode(workdir, "asp1", extra=["--save-interval", str(SAVED_AT), "--stop-after-save", str(SAVED_AT)],
                      **common)

@@ -2,7 +2,7 @@
 
 Stock `fit` runs, per iteration: put prompts -> colocated generate -> reward -> advantage -> ref log-prob ->
 old log-prob -> update, all in lockstep. Here a separate pool of vLLM-Ascend instances (rollout_worker.py,
-driven by rollout_driver.py) generates continuously; each iteration the trainer
+driven by lockstep_rollout.py) generates continuously; each iteration the trainer
 
 1. takes `global_batch_size` finished groups from the runtime's `SampleQueue` (inside the rollout driver),
    oldest policy version first; the queue audits each sample's lag (trainer version - oldest version that
@@ -21,7 +21,7 @@ driven by rollout_driver.py) generates continuously; each iteration the trainer
    first sync (and every `asp.weight_probe_every` syncs) a fixed prompt decoded greedily on every instance
    must get the same log-probs from MindSpeed-RL's own log-prob forward on the Megatron ranks (a functional
    check that the engine computes with the trainer's weights). A dead instance ends the run at the
-   trainer's next call with a RunError naming it (rollout_driver.py),
+   trainer's next call with a RunError naming it (lockstep_rollout.py),
 5. on every MindSpeed-RL checkpoint, saves ASP's state beside it (policy version, plan cursor, trained,
    finished and unfinished groups: resume_state.py) and, when MindSpeed-RL resumes from an iteration,
    continues from that state (versions continue, finished groups are trained, only unfinished ones are
@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from mindspeed_asp.integrations.mindspeed_rl.data_patches import (
     ASP_PROMPT_ID, POLICY_VERSION, ROLLOUT_LOG_PROB, PlanOrderedBatches)
 from mindspeed_asp.errors import AspError, RunError, WeightSyncError
-from mindspeed_asp.runtime.types import GroupRequest, GroupResult
+from mindspeed_asp.runtime.requests import GroupRequest, GroupResult
 
 #: how often a taken port is probed again before giving up (the probe-then-bind window: finding 16)
 PORT_ATTEMPTS = 4
@@ -117,9 +117,9 @@ def iteration_metrics(groups: Sequence[GroupResult], lags: Sequence[int], max_la
     """ASP's metrics of one iteration from the trained groups (lag statistics as the runtime computes them).
 
     `devices`: the topology's `DeviceCount` (or a plain count); `throughput/e2e_tps` is
-    `mindspeed_asp.metrics.e2e_tps` over it, the number MindSpeed-RL's own `e2e_tps` divides by here too."""
-    from mindspeed_asp.metrics import e2e_tps, lag_stats
-    from mindspeed_asp.runtime.metrics_log import TOKEN_LAG_KEY, GroupSpan, group_skewness, token_weighted_lag
+    `mindspeed_asp.core.metrics.e2e_tps` over it, the number MindSpeed-RL's own `e2e_tps` divides by here too."""
+    from mindspeed_asp.core.metrics import e2e_tps, lag_stats
+    from mindspeed_asp.runtime.run_recorder import TOKEN_LAG_KEY, GroupSpan, group_skewness, token_weighted_lag
     spans = [GroupSpan(g.instance, int(g.group_id), g.t_enqueued, g.t_started, g.t_finished,
                        len(g.prompt_token_ids) * len(g.samples), g.response_tokens,
                        [len(s.token_ids) for s in g.samples], g.min_version, 0) for g in groups]
@@ -450,7 +450,7 @@ class AsyncFit:
         memory profile and a cold op cache take minutes), then the weight groups (`asp.sync_timeout_s`)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        from mindspeed_asp.integrations.mindspeed_rl.rollout_driver import RolloutDriver
+        from mindspeed_asp.integrations.mindspeed_rl.lockstep_rollout import LockstepRollout
         from mindspeed_asp.integrations.mindspeed_rl.rollout_worker import (
             RolloutWorker, ascend_engine_factory, instance_env)
         gen = self.t.actor_worker.generate_config.dict()
@@ -487,7 +487,7 @@ class AsyncFit:
         labels = [[rank_actor_name(j, r) for r in range(tp)] for j in range(m)]
         # the rollout control the standalone runtime uses, configured from the same asp: keys (one capacity
         # rule, one training order per mode; runtime/rollout_control.py)
-        self.driver = ray.remote(num_cpus=0, max_concurrency=8)(RolloutDriver).remote(
+        self.driver = ray.remote(num_cpus=0, max_concurrency=8)(LockstepRollout).remote(
             self.workers, self.asp.mode, self.asp.max_lag, self.topo.gbs, self.asp.slots, n, 16,
             self.asp.work_stealing, self.asp.stale_policy, labels)
         if state is not None:

@@ -25,7 +25,7 @@ from pydantic import Field
 from mindspeed_asp.config import (MSRL_SECTIONS, AspSection, ObjectiveSection, Timeout, read_yaml,
                                   validate_section)
 from mindspeed_asp.errors import ConfigError
-from mindspeed_asp.metrics import DeviceCount, colocated_devices, split_devices
+from mindspeed_asp.core.metrics import DeviceCount, colocated_devices, split_devices
 
 CONFIG_ENV = "ASP_MSRL_CONFIG"  # path of the training YAML; exported before `ray start` by shell/ scripts
 

@@ -141,7 +141,7 @@ def prompt_set_from_dataset(dataset: Any, n: int, origin: str = "mindspeed_rl da
     matches only for the same dataset, seed and shuffling.
     """
     import numpy as np
-    from mindspeed_asp.types import PromptSet
+    from mindspeed_asp.core.problem import PromptSet
     idx = list(range(len(dataset))) if order is None else [int(i) for i in order]
     lens = np.fromiter((len(dataset[i]["input_ids"]) for i in idx), dtype=np.int64, count=len(idx))
     ids = np.array([str(i) for i in idx], dtype=object)
@@ -174,7 +174,7 @@ def open_plan(path: str, instances: int, prompts: Any = None, topo: Any = None) 
     `topo`, every setting the plan depends on is checked against the run's values (`msrl_plan_settings`),
     naming the MindSpeed-RL key that differs: a plan for another batch, n, cap, slots or lag bound would
     otherwise drive the run with queues and tags made for another one."""
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
     try:
         plan = DispatchPlan.load(path, prompts)
     except PlanMismatchError as exc:
@@ -416,7 +416,7 @@ def follows_plan(loader: Any, topo: Any) -> bool:
     path = topo.asp.plan_path
     if not path or not os.path.isfile(path):
         return False
-    from mindspeed_asp.scheduler.plan import DispatchPlan
+    from mindspeed_asp.scheduler.plan_file import DispatchPlan
     return plan_covers_dataset(DispatchPlan.load(path), loader.dataset, topo.n)
 
 

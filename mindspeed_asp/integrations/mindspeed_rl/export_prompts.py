@@ -46,7 +46,7 @@ def draw_order(dataset: Any, actor: Any) -> List[int]:
 def write_jsonl(dataset: Any, out: Path, order: Optional[Sequence[int]] = None) -> int:
     from tqdm import tqdm
 
-    from mindspeed_asp.atomic import atomic_open
+    from mindspeed_asp.utils.atomic import atomic_open
     idx = range(len(dataset)) if order is None else order
     with atomic_open(out) as fh:  # temp file + rename: no half-written dataset for `asp plan`
         for i in tqdm(idx, desc="export prompts", file=sys.stderr, unit="prompt"):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from mindspeed_asp.errors import ConfigError, InputError
-from mindspeed_asp.runtime.types import GroupRequest, GroupResult, SampleResult
+from mindspeed_asp.runtime.requests import GroupRequest, GroupResult, SampleResult
 
 STATE_DIR = "asp_state"
 FORMAT = "mindspeed-asp/msrl-state"
@@ -83,7 +83,7 @@ def build_state(iteration: int, settings: Dict[str, Any], driver: Dict[str, Any]
                 plan_path: Optional[str]) -> Dict[str, Any]:
     """The JSON state of an asynchronous run after `iteration` updates.
 
-    `driver` is `RolloutDriver.snapshot()`; `extra[gid]` the dataset's additional keys of each group still to
+    `driver` is `LockstepRollout.snapshot()`; `extra[gid]` the dataset's additional keys of each group still to
     train (what `put_groups` writes into the TransferDock beside the generated rows).
     """
     def ext(gid: int) -> Dict[str, Any]:
@@ -115,13 +115,13 @@ def colocated_state(iteration: int, settings: Dict[str, Any], windows_fed: int,
 
 def write_state(directory: str | Path, state: Dict[str, Any]) -> Path:
     """Write `state` atomically (temporary file + rename) as the state of its iteration."""
-    from mindspeed_asp.atomic import write_json
+    from mindspeed_asp.utils.atomic import write_json
     return write_json(state_path(directory, state["iteration"]), state, key="actor_config.save")
 
 
 def read_state(directory: str | Path, iteration: int, settings: Dict[str, Any]) -> Dict[str, Any]:
     """The state saved with `iteration` under `directory`, checked against the run's `settings`."""
-    from mindspeed_asp.textfile import read_text
+    from mindspeed_asp.utils.textfile import read_text
     path = state_path(directory, iteration)
     if not path.is_file():
         raise InputError(f"MindSpeed-RL resumes from iteration {iteration}, but ASP's state of that iteration is "

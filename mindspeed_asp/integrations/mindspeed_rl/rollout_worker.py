@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mindspeed_asp.errors import WeightSyncError
-from mindspeed_asp.runtime.types import GroupRequest, GroupResult, SampleResult
+from mindspeed_asp.runtime.requests import GroupRequest, GroupResult, SampleResult
 
 
 def make_sampling_params(sampling: Dict[str, Any], seed: Optional[int] = None) -> Any:

@@ -16,7 +16,7 @@ from mindspeed_asp.runtime.tasks.base import GenerationLimits, Task, prompt_set_
 
 if TYPE_CHECKING:
     from mindspeed_asp.runtime.run_config import RunConfig
-    from mindspeed_asp.types import PromptSet
+    from mindspeed_asp.core.problem import PromptSet
 
 __all__ = ["GenerationLimits", "Task", "build_task", "prompt_set_of", "task_and_prompts"]
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union, 
 
 import numpy as np
 
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 
 PathLike = Union[str, Path]
 
@@ -63,7 +63,7 @@ class GenerationLimits:
         return cls(max_new_tokens=max(lengths), min_tokens=min(lengths), ignore_eos=True, sample_lengths=lengths)
 
     def request_fields(self) -> Dict[str, Any]:
-        """The GroupRequest keywords (runtime/types.py) these limits set: `GroupRequest(..., **fields)`."""
+        """The GroupRequest keywords (runtime/requests.py) these limits set: `GroupRequest(..., **fields)`."""
         return {"max_new_tokens": self.max_new_tokens, "min_tokens": self.min_tokens, "ignore_eos": self.ignore_eos,
                 "sample_lengths": None if self.sample_lengths is None else list(self.sample_lengths)}
 

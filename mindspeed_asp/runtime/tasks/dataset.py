@@ -37,12 +37,12 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import atomic_open
+from mindspeed_asp.utils.atomic import atomic_open
 from mindspeed_asp.errors import ConfigError, InputError
-from mindspeed_asp.jsonl import iter_json_objects
+from mindspeed_asp.utils.jsonl import iter_json_objects
 from mindspeed_asp.runtime.rewards import last_boxed
 from mindspeed_asp.runtime.tasks.base import GenerationLimits, check_group
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 
 PathLike = Union[str, Path]
 SCHEMA = "mindspeed_asp.dataset_task/1"

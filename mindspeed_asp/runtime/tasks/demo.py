@@ -33,11 +33,11 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import atomic_open
+from mindspeed_asp.utils.atomic import atomic_open
 from mindspeed_asp.runtime.rewards import demo_reward
 from mindspeed_asp.runtime.tasks.base import GenerationLimits, check_group, prompt_set_of
 from mindspeed_asp.runtime.tiny_model import BOS_TOKEN_ID, EOS_TOKEN_ID, FIRST_FREE_TOKEN_ID
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 
 SCHEMA = "mindspeed_asp.demo_task/1"
 

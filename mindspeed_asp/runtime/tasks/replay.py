@@ -47,13 +47,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import atomic_open
+from mindspeed_asp.utils.atomic import atomic_open
 from mindspeed_asp.errors import ConfigError, InputError
-from mindspeed_asp.limits import MAX_LENGTH
+from mindspeed_asp.core.limits import MAX_LENGTH
 from mindspeed_asp.runtime.rewards import demo_reward
 from mindspeed_asp.runtime.tasks.base import GenerationLimits, check_group, prompt_set_of
 from mindspeed_asp.runtime.tiny_model import BOS_TOKEN_ID, DEFAULT_SHAPE, EOS_TOKEN_ID, FIRST_FREE_TOKEN_ID
-from mindspeed_asp.types import PromptSet
+from mindspeed_asp.core.problem import PromptSet
 
 PathLike = Union[str, Path]
 SCHEMA = "mindspeed_asp.replay_task/1"
@@ -78,7 +78,7 @@ class _SyntheticLengths:
     """Raw lengths from the synthetic generator (module doc, `kind`)."""
 
     def __init__(self, kind: str, num_prompts: int, n: int, seed: int) -> None:
-        from mindspeed_asp.memory_budget import check_fits, synthesis_bytes
+        from mindspeed_asp.core.memory_budget import check_fits, synthesis_bytes
         from mindspeed_asp.workloads.synthetic import ParameterError, SyntheticRLWorkload
 
         check_fits(synthesis_bytes(num_prompts, n, 2) + 8.0 * num_prompts * REPLAY_EPOCHS,

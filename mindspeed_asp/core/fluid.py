@@ -12,7 +12,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from mindspeed_asp.types import CostModel, PlanningProblem
+from mindspeed_asp.core.problem import CostModel, PlanningProblem
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ stealing, planner) and `plan_fingerprint`, a hash of those with the dataset fing
 settings no longer hash to it was edited and is refused, and `check_settings` refuses a run whose settings
 differ, naming the setting. Every column value is range-checked on read (minibatch tags >= -1, predictions
 finite and >= 0, indices in range), naming the column and the line (JSON Lines) or row (Parquet), and a header
-key given twice (json would keep the last silently) is refused naming it (`mindspeed_asp.jsonl.loads`).
+key given twice (json would keep the last silently) is refused naming it (`mindspeed_asp.utils.jsonl.loads`).
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from mindspeed_asp.atomic import atomic_open, atomic_path
+from mindspeed_asp.utils.atomic import atomic_open, atomic_path
 from mindspeed_asp.errors import InputError, PlanMismatchError
-from mindspeed_asp.jsonl import iter_jsonl_objects, loads
-from mindspeed_asp.limits import MAX_COUNT
-from mindspeed_asp.types import Assignment, PromptSet
+from mindspeed_asp.utils.jsonl import iter_jsonl_objects, loads
+from mindspeed_asp.core.limits import MAX_COUNT
+from mindspeed_asp.core.problem import Assignment, PromptSet
 
 SCHEMA_VERSION = 1
 FORMAT = "mindspeed-asp/dispatch-plan"
@@ -304,7 +304,7 @@ class DispatchPlan:
 
     def shared_queue(self, iteration: int) -> List[str]:
         """The prompt ids of a shared iteration in the order its queue hands them out."""
-        from mindspeed_asp.policy import shared_queue_order
+        from mindspeed_asp.core.policy import shared_queue_order
 
         return shared_queue_order([self.instance_queue(iteration, j) for j in range(self.instances)])
 

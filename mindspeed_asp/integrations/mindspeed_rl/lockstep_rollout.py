@@ -24,10 +24,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from mindspeed_asp.errors import RunError
 from mindspeed_asp.runtime.dispatcher import Ticket
 from mindspeed_asp.runtime.rollout_control import Admission, RolloutControl
-from mindspeed_asp.runtime.types import GroupRequest, GroupResult
+from mindspeed_asp.runtime.requests import GroupRequest, GroupResult
 
 
-class RolloutDriver:
+class LockstepRollout:
     """Feeds `instances[j]` (a list of TP-rank actor handles) from the rollout control; collects finished groups.
 
     `mode` (async / asp) and `max_lag`, `minibatch_groups`, `slots` (each engine's sequence slots), `n`

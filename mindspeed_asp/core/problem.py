@@ -229,7 +229,7 @@ class Assignment:
 
     def shared_order(self) -> np.ndarray:
         """The groups in the order a shared queue hands them out (`policy.shared_queue_order`)."""
-        from mindspeed_asp.policy import shared_queue_order
+        from mindspeed_asp.core.policy import shared_queue_order
 
         return np.asarray(shared_queue_order([np.asarray(o).tolist() for o in self.orders]), dtype=np.int64)
 

@@ -2,7 +2,7 @@
 
 Why here: a bound that is wrong by a little makes every "% above bound" meaningless, so the bounds live in one
 place with tests that no simulated plan ever beats them. The metrics a measured run reports too (lag
-statistics, skewness, tail share, padding) are `mindspeed_asp.metrics`'s, shared with the run recorder.
+statistics, skewness, tail share, padding) are `mindspeed_asp.core.metrics`'s, shared with the run recorder.
 
 Notation: T_j busy time of instance j, R = max_j T_j, S_j decode steps, L true lengths, B slots, m instances.
 """
@@ -13,9 +13,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindspeed_asp.fluid import bound_terms
-from mindspeed_asp.metrics import micro_batch_padding, padding_share
-from mindspeed_asp.types import CostModel, InstanceSpec
+from mindspeed_asp.core.fluid import bound_terms
+from mindspeed_asp.core.metrics import micro_batch_padding, padding_share
+from mindspeed_asp.core.problem import CostModel, InstanceSpec
 
 METRIC_NAMES = (
     "bubble/padding", "bubble/padding_train", "bubble/dp_imbalance",
@@ -60,7 +60,7 @@ def group_work(lengths: np.ndarray, prompt_lens: np.ndarray, cost: CostModel, sl
 
 def rollout_lower_bound(lengths: np.ndarray, prompt_lens: np.ndarray, instances: int, spec: InstanceSpec,
                         cost, scale: float = 1.0) -> Dict[str, float]:
-    """R_LB = max of the terms of `mindspeed_asp.fluid.bound_terms` on the true lengths: total work / m (and,
+    """R_LB = max of the terms of `mindspeed_asp.core.fluid.bound_terms` on the true lengths: total work / m (and,
     with a KV budget, the work with the a-term over the budget), the longest group run alone (its samples
     share one instance; at least the longest sequence's solo time), w_(m) + w_(m+1), and the anchor term (the
     instance holding a long group also runs its share of the rest).

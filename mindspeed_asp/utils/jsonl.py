@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from mindspeed_asp.errors import InputError
-from mindspeed_asp.textfile import decode_utf8, read_text
+from mindspeed_asp.utils.textfile import decode_utf8, read_text
 
 PathLike = Union[str, Path]
 _BLANK = b" \t\r\n"

@@ -27,7 +27,7 @@ try:
 except ImportError:  # not POSIX: no advisory locks, runs are not guarded against each other
     fcntl = None  # type: ignore[assignment]
 
-from mindspeed_asp.atomic import check_output_dir
+from mindspeed_asp.utils.atomic import check_output_dir
 from mindspeed_asp.errors import OutputError
 
 #: Every file `asp train` writes into its run directory (docs/runtime.md, "Errors and safe output").

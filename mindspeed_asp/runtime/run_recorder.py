@@ -17,11 +17,11 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
-from mindspeed_asp.atomic import write_text
+from mindspeed_asp.utils.atomic import write_text
 from mindspeed_asp.errors import OutputError, RunError, error_chain
-from mindspeed_asp.jsonl import iter_jsonl_objects
-from mindspeed_asp.learning import final_reward, learning_summary, length_starvation
-from mindspeed_asp.metrics import (DeviceCount, e2e_tps, generation_padding, idle_share, lag_histogram, lag_stats,
+from mindspeed_asp.utils.jsonl import iter_jsonl_objects
+from mindspeed_asp.core.learning import final_reward, learning_summary, length_starvation
+from mindspeed_asp.core.metrics import (DeviceCount, e2e_tps, generation_padding, idle_share, lag_histogram, lag_stats,
                                    rho_stock, skewness, split_devices, tail_share)
 
 #: Devices the CPU runtime's trainer counts as (it is one process, the driver's): the run config's
@@ -303,7 +303,7 @@ class RunRecorder:
         return summary
 
 
-# ------------------------------------------- from the recorder's spans to mindspeed_asp.metrics' definitions
+# ------------------------------------------- from the recorder's spans to mindspeed_asp.core.metrics' definitions
 #: Per-step keys of the off-policy correction (the trainer's `offpolicy/*` stats) and the token-weighted lag.
 OFFPOLICY_PREFIX = "offpolicy/"
 TOKEN_LAG_KEY = "lag/token_weighted_mean"

@@ -10,8 +10,8 @@ import argparse
 import math
 from typing import Callable, Optional
 
-# the bounds (counts, seeds, token lengths) and why they are what they are: mindspeed_asp/limits.py
-from mindspeed_asp.limits import MAX_COUNT, MAX_LENGTH, MAX_SEED
+# the bounds (counts, seeds, token lengths) and why they are what they are: mindspeed_asp/core/limits.py
+from mindspeed_asp.core.limits import MAX_COUNT, MAX_LENGTH, MAX_SEED
 
 __all__ = ["MAX_COUNT", "MAX_LENGTH", "MAX_SEED", "any_float", "bounded_int", "finite_float", "length_float",
            "length_int", "nonneg_float", "nonneg_int", "positive_float", "positive_int", "seed_int"]

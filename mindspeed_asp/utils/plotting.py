@@ -24,7 +24,7 @@ def save_figure(fig: Any, path: Union[str, Path], dpi: int = 110) -> Path:
     returns the path written."""
     import matplotlib.pyplot as plt
 
-    from mindspeed_asp.atomic import atomic_path
+    from mindspeed_asp.utils.atomic import atomic_path
 
     path = Path(path)
     try:
