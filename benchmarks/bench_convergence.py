@@ -49,7 +49,7 @@ RUN_KINDS: Dict[str, List[str]] = {
 }
 OBJECTIVE_TAG = {"standard": "std", "decoupled": "dec"}
 #: kinds where every sample is trained at lag 0: every token is current, so the decoupled loss IS the standard
-#: loss (tests/test_grpo.py checks it bit for bit); they run once, under the standard objective, unless
+#: loss (tests/runtime/test_grpo.py checks it bit for bit); they run once, under the standard objective, unless
 #: --lag0-both asks for the (identical-math) decoupled run too.
 LAG0_KINDS = ("stock", "asp_lag0")
 

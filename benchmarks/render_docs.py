@@ -26,7 +26,7 @@ Adding a renderer (about 20 lines):
 3. register it below: `"my_bench": Renderer("my_bench.json", doc_tables.my_bench)`;
 4. put the BEGIN/END markers for `my_bench` in docs/benchmarks.md (an empty block is fine), run this
    script, and commit the JSON, the script change and the page together.
-`tests/test_benchmark_docs.py` runs `--check`, so a hand edit inside a block, or a results file changed
+`tests/benchmarks/test_benchmark_docs.py` runs `--check`, so a hand edit inside a block, or a results file changed
 without re-rendering, fails the fast test tier.
 """
 from __future__ import annotations

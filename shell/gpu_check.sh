@@ -3,7 +3,7 @@
 #
 #   1. preconditions: the venv's python, nvidia-smi listing a GPU, torch.cuda.is_available() with vLLM and Ray
 #      installed in the venv, coreutils' timeout, and the benchmark's config file;
-#   2. gpu-tests: the GPU tier of the tests (every tests/test_*.py with a pytest.mark.gpu test, run with -m gpu:
+#   2. gpu-tests: the GPU tier of the tests (every tests/**/test_*.py with a pytest.mark.gpu test, run with -m gpu:
 #      vLLM on CUDA, NCCL weight sync); at least one test must pass (a tier that only skipped is a failure);
 #   3. benchmark: a short long-tail runtime benchmark, stock / async / asp (max_lag 1) x 2 seeds, with
 #      benchmarks/bench_runtime.py on the CUDA platform; its results JSON goes to benchmarks/results/ and must
@@ -24,7 +24,7 @@
 #   ASP_GPU_CHECK_TESTS_TIMEOUT [180]  ASP_GPU_CHECK_BENCH_TIMEOUT [270]  (seconds per step)
 #   ASP_GPU_CHECK_CUDA_PROBE, ASP_GPU_CHECK_TESTS_CMD, ASP_GPU_CHECK_BENCH_CMD: replace the CUDA probe (a command
 #   printing the number of CUDA devices) or a step's command (bash -c), to rerun one step by hand or to test
-#   this script's own logic on a CPU host (tests/test_gpu_check.py).
+#   this script's own logic on a CPU host (tests/shell/test_gpu_check.py).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 2
@@ -63,7 +63,7 @@ for t in "$tests_timeout" "$bench_timeout"; do
 done
 
 # The files of the GPU tier: every test module with a test marked gpu (found, not listed, so a new one joins).
-mapfile -t gpu_files < <(grep -lE 'pytest\.mark\.gpu' tests/test_*.py 2>/dev/null | sort)
+mapfile -t gpu_files < <(grep -rlE --include='test_*.py' 'pytest\.mark\.gpu' tests 2>/dev/null | sort)
 
 quote() {  # the arguments as one shell command line: plain words as they are, others quoted
   local a sep=""

@@ -543,7 +543,7 @@ def msrl_plan(tmp_path_factory):
     for qwen3_8b_A3_asp and 64 exported prompts, with the composed config the run then reads."""
     pytest.importorskip("hydra", reason="the launchers compose configs with Hydra: pip install mindspeed-asp[contract]")
     import numpy as np
-    from test_integration_scripts import SHELL, fake_msrl
+    from factories import SHELL, fake_msrl
 
     tmp = tmp_path_factory.mktemp("msrl_plan")
     rng = np.random.default_rng(0)

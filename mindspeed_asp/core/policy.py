@@ -2,7 +2,7 @@
 
 Both the runtime (`runtime/dispatcher.py`, `runtime/sample_queue.py`, `runtime/driver.py`, the MindSpeed-RL
 rollout driver) and the simulator (`sim/engine.py`, `sim/pipeline.py`) call this module, so a simulated
-figure describes the policy the runtime runs (`tests/test_policy_parity.py` drives one trace through both).
+figure describes the policy the runtime runs (`tests/core/test_policy_parity.py` drives one trace through both).
 Pure Python: no numpy, Ray or torch. The rules and why they are these are in docs/design.md#rules.
 
 - **Admission** (AReaL's staleness manager, in groups): with trainer version v and minibatch M,

@@ -1,7 +1,7 @@
 """Pure GRPO math: group-normalised advantages, the clipped surrogate loss, the KL penalty, entropy.
 
 Kept free of models and optimizers so every formula can be checked by hand on tiny tensors
-(tests/test_grpo.py) and reused by any trainer (the reference PyTorch trainer here, or a Megatron actor).
+(tests/runtime/test_grpo.py) and reused by any trainer (the reference PyTorch trainer here, or a Megatron actor).
 
 Conventions (the ones verl / TRL use for GRPO):
 - advantage of sample i in a group: (r_i - mean(r)) / (std(r) + eps), with the unbiased std; a group whose

@@ -10,7 +10,7 @@ its instances, and what a dead instance means for it (the runtime re-dispatches 
 `instance_dead`; the NPU path ends the run, because its weight groups span every instance).
 
 No Ray, no vLLM, no clock of its own: every rule is unit-tested, and one scripted trace gives both drivers the
-same decisions (tests/test_rollout_control.py).
+same decisions (tests/runtime/test_rollout_control.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ device memory a trainer rank peaks at across the export and the update; how long
 against their deadline. The short run logs each of these (the train task's log lines and the audit file);
 this module reads them and prints one table with the numbers and the bound each is held to.
 
-It reads only files, so the CPU tier runs it on a CPU run's outputs (tests/test_first_run_report.py).
+It reads only files, so the CPU tier runs it on a CPU run's outputs
+(tests/integrations/mindspeed_rl/test_first_run_report.py).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from mindspeed_asp.workloads.traces import load_alpaca, load_splitwise
 
 def shared_data() -> Path:
     env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 DATA = shared_data()

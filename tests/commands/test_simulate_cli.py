@@ -12,7 +12,7 @@ SMALL = "synthetic:prompts=64,n=4,regime=small"
 
 def shared_data() -> Path:
     env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def test_simulate_writes_table_json_and_plots(tmp_path, capsys):

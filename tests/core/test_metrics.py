@@ -1,5 +1,6 @@
-"""The one metrics core (mindspeed_asp.core.metrics) on hand-checked cases, and its callers agreeing with it: the
-run recorder's spans and a simulated run give the core's numbers (the sample queue: tests/test_sample_queue.py)."""
+"""The one metrics core (mindspeed_asp.core.metrics) on hand-checked cases, and its callers agreeing with it:
+the run recorder's spans and a simulated run give the core's numbers (the sample queue:
+tests/runtime/test_sample_queue.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -17,7 +17,7 @@ import yaml
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology, topology_from_dict
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SHIPPED = ["qwen25_7b_A3_asp", "qwen25_32b_A3_asp", "qwen25_32b_A2_asp", "qwen3_8b_A3_asp",
            "qwen3_30b_a3b_dapo_A3_asp"]
 SAMPLING = "generate_config.sampling_config"

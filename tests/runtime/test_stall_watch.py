@@ -1,6 +1,6 @@
 """The stall watch's verdicts and pacing (runtime/stall_watch.py), and the config keys that set it.
 
-The watch on real vLLM instances, one with a hung engine step, is in tests/test_e2e_runtime.py.
+The watch on real vLLM instances, one with a hung engine step, is in tests/runtime/test_e2e_runtime.py.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "shell" / "gpu_check.sh"
 
 
@@ -52,7 +52,7 @@ def test_dry_run_lists_preconditions_and_steps(tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     for words in ("nvidia-smi", "torch.cuda.is_available()", "venv", "configs/tiny_cpu_longtail.yaml exists",
-                  "1. gpu-tests", "-m pytest -m gpu", "tests/test_gpu_tier.py", "2. benchmark",
+                  "1. gpu-tests", "-m pytest -m gpu", "tests/runtime/test_gpu_tier.py", "2. benchmark",
                   "benchmarks/bench_runtime.py", "--config configs/tiny_cpu_longtail.yaml", "--seeds 0,1",
                   "--modes stock,async_lag1,asp_lag1", "--json benchmarks/results/runtime_gpu_longtail.json",
                   "run.platform=cuda", "must record at least one passed test", "must be complete"):
@@ -142,7 +142,7 @@ def test_a_gpu_tier_that_only_skipped_fails(tmp_path, shim):
     pytest.importorskip("torch")
     r = gpu_check(tmp_path, "--bench", "never", path=shim, ASP_GPU_CHECK_CUDA_PROBE="echo 1", timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "-m pytest -m gpu" in r.stdout and "tests/test_gpu_tier.py" in r.stdout
+    assert "-m pytest -m gpu" in r.stdout and "tests/runtime/test_gpu_tier.py" in r.stdout
     assert "gpu-tests  FAIL no GPU test passed: 0 passed, 0 failed" in r.stdout
     assert (tmp_path / "out" / "gpu_tests.xml").is_file()
 

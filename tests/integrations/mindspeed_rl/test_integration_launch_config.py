@@ -15,7 +15,7 @@ from mindspeed_asp.integrations.mindspeed_rl import launch_config as lc  # noqa:
 from mindspeed_asp.integrations.mindspeed_rl.config_section import load_topology  # noqa: E402
 from vendor_paths import mindspeed_rl_src, missing_reason  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 MSRL = mindspeed_rl_src()
 needs_msrl = pytest.mark.skipif(MSRL is None, reason=missing_reason())
 

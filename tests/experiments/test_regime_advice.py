@@ -4,8 +4,6 @@ independent sim.metrics bound, and `asp simulate`'s stock pipeline never steals 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +18,7 @@ from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_plan_cli import base_args, write_inputs  # noqa: E402
+from factories import base_args, write_inputs
 
 SMALL = "synthetic:prompts=96,n=4,regime=small"
 

@@ -18,7 +18,7 @@ from mindspeed_asp.integrations.mindspeed_rl.resume_state import (check_resume_s
 
 needs_hydra = pytest.mark.skipif(importlib.util.find_spec("hydra") is None,
                                  reason="the launchers compose configs with Hydra: pip install mindspeed-asp[contract]")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _checkpoint(directory: Path, iteration, with_state: bool = True) -> Path:
@@ -55,7 +55,7 @@ def test_a_start_that_would_discard_asps_state_is_refused_by_key(tmp_path):
 
 
 def _prepare(tmp_path, *overrides, **env_extra):
-    from test_integration_scripts import SHELL, fake_msrl
+    from factories import SHELL, fake_msrl
     msrl = fake_msrl(tmp_path)
     env = dict(os.environ, MINDSPEED_RL_ROOT=str(msrl), RUN_DIR=str(tmp_path / "run"),
                ASP_PYTHON=os.sys.executable, ASP_MINDSPEED_RL_COMMIT="05a90d7",
@@ -80,7 +80,7 @@ def test_the_first_launch_runs_the_shipped_settings(tmp_path):
 
 @needs_hydra
 def test_a_relaunch_resumes_from_the_save_directory(tmp_path):
-    from test_integration_scripts import fake_msrl
+    from factories import fake_msrl
     _checkpoint(fake_msrl(tmp_path) / "ckpt_asp", 100)  # what the first launch saved (relative to the entry's cwd)
     _, actor, out = _prepare(tmp_path)
     assert (actor["load"], actor["finetune"], actor["no_load_optim"], actor["no_load_rng"]) == \

@@ -14,7 +14,7 @@ from mindspeed_asp.workloads.prompts import load_prompt_set
 
 def shared_data() -> Path:
     env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 ALPACA = shared_data() / "alpaca-train-10k-length.json"

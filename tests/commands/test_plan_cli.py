@@ -12,26 +12,7 @@ from mindspeed_asp.cli import main
 from mindspeed_asp.scheduler.plan_file import load_plan
 from mindspeed_asp.workloads.prompts import load_prompt_set
 
-
-def write_inputs(tmp: Path, G: int = 40, n: int = 4, epochs: int = 2, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    data = tmp / "prompts.jsonl"
-    hist = tmp / "history.jsonl"
-    mu = rng.lognormal(5, 0.9, G)
-    with data.open("w") as fh:
-        for i in range(G):
-            fh.write(json.dumps({"prompt_id": f"q{i}", "prompt_len": int(rng.integers(10, 300))}) + "\n")
-    with hist.open("w") as fh:
-        for e in range(epochs):
-            for i in range(G):
-                lens = np.minimum(np.rint(mu[i] * rng.lognormal(0, 0.4, n)), 1024).astype(int).tolist()
-                fh.write(json.dumps({"prompt_id": f"q{i}", "epoch": e, "lengths": lens}) + "\n")
-    return data, hist
-
-
-def base_args(data, hist, out, *extra):
-    return ["plan", "--dataset", str(data), "--history", str(hist), "--instances", "4", "--slots", "16",
-            "--minibatch", "4", "--n", "4", "--no-progress", "-o", str(out), *extra]
+from factories import base_args, write_inputs
 
 
 @pytest.mark.parametrize("planner", ["asp", "stock", "verl_kk", "least_loaded"])
@@ -137,7 +118,7 @@ def test_bad_flags_and_side_files_are_named(tmp_path, capsys):
 
 def _shared_data() -> Path:
     env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def test_plan_on_the_alpaca_trace(tmp_path, capsys):

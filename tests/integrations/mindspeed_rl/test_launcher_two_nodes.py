@@ -24,7 +24,7 @@ from launcher_nodes import free_port as _free_port  # noqa: E402
 from launcher_nodes import stop_launcher as _stop  # noqa: E402
 from vendor_paths import mindspeed_rl_src, missing_reason  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 COMMON = ROOT / "shell" / "msrl_common.sh"
 MSRL = mindspeed_rl_src()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MSRL is None, reason=missing_reason())]

@@ -25,7 +25,7 @@ from mindspeed_asp.runtime.requests import GroupRequest
 from mindspeed_asp.workloads.prompts import load_prompt_set
 from mindspeed_asp.workloads.synthetic import MODES, SyntheticRLWorkload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LONGTAIL = ROOT / "configs" / "tiny_cpu_longtail.yaml"
 #: the commit whose runtime/demo_task.py the moved DemoTask must reproduce bit for bit
 DEMO_COMMIT = "376e9f55e372617ef8dfd0472c07680711a06230"

@@ -11,7 +11,7 @@ from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.integrations.mindspeed_rl.config_section import (
     LOSS_KEYS, SHELL_VARS, load_topology, resolve_env, rollout_dispatch_size, shell_vars, topology_from_dict)
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 ASCEND = ["qwen25_7b_A3_asp", "qwen25_32b_A3_asp", "qwen25_32b_A2_asp", "qwen3_8b_A3_asp", "qwen3_30b_a3b_dapo_A3_asp"]
 
 # name -> (mode, train NPUs, rollout NPUs, instances, infer TP, separate pool)

@@ -8,26 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from factories import fake_msrl
+
 needs_hydra = pytest.mark.skipif(importlib.util.find_spec("hydra") is None,
                                  reason="the launchers compose configs with Hydra: pip install mindspeed-asp[contract]")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SHELL = ROOT / "shell"
 SCRIPTS = ["msrl_common.sh", "compare_msrl.sh", "ascend_first_run.sh", "qwen25_7b_A3_asp.sh", "qwen25_32b_A3_asp.sh",
            "qwen25_32b_A2_asp.sh", "qwen3_8b_A3_asp.sh", "qwen3_30b_a3b_dapo_A3_asp.sh"]
-
-
-def fake_msrl(tmp_path: Path) -> Path:
-    """A MindSpeed-RL root as the launcher needs it without NPUs: the package directory, and the model group
-    of configs/ that every ASP config's defaults list names (one empty file per model, for Hydra's compose)."""
-    import yaml
-    msrl = tmp_path / "MindSpeed-RL"
-    (msrl / "mindspeed_rl").mkdir(parents=True, exist_ok=True)
-    (msrl / "configs" / "model").mkdir(parents=True, exist_ok=True)
-    for cfg in (ROOT / "configs").glob("*_asp.yaml"):
-        for entry in yaml.safe_load(cfg.read_text()).get("defaults", []):
-            for name in (entry.get("model", []) if isinstance(entry, dict) else []):
-                (msrl / "configs" / "model" / f"{name}.yaml").write_text(f"{name}_marker: 1\n")
-    return msrl
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -138,7 +138,7 @@ def test_ray_check_only_looks_at_the_cluster_ray_address_names(monkeypatch):
 
 def test_doctor_checks_a_config(capsys, tmp_path):
     from pathlib import Path
-    cfg = Path(__file__).resolve().parents[1] / "configs" / "qwen25_32b_A3_asp.yaml"
+    cfg = Path(__file__).resolve().parents[3] / "configs" / "qwen25_32b_A3_asp.yaml"
     c = dc.check_config(str(cfg), "npu")
     assert c.status == dc.OK and "16 train NPUs + 16 rollout NPUs = 32" in c.found
     bad = tmp_path / "bad.yaml"

@@ -2,7 +2,7 @@
 
 The pool's own code runs for real (placement group, `create_instance`, start, submit/poll, death handling,
 shutdown); the engine is a light stand-in actor with the instance's API, so no vLLM starts here. The run of
-the real driver and real vLLM instances on such a cluster is in tests/test_e2e_multinode.py (slow).
+the real driver and real vLLM instances on such a cluster is in tests/runtime/test_e2e_multinode.py (slow).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
 def shared_data() -> Path:
     env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 ALPACA = shared_data() / "alpaca-train-10k-length.json"

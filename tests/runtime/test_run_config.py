@@ -8,7 +8,7 @@ import pytest
 from mindspeed_asp.errors import ConfigError
 from mindspeed_asp.runtime.run_config import (RunConfig, load_run_config, packaged_config_path)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny_cpu.yaml"
 
 

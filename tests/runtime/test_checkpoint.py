@@ -1,6 +1,6 @@
 """Checkpoint round trips without vLLM or Ray: dispatcher, lag policy, sample queue, recorder, length history,
 RNG, the files on disk, the config a resume accepts, the run directory's refusal, the stop signals and
-`asp compare`'s mark of an interrupted run. The end-to-end kill-and-resume is tests/test_resume.py."""
+`asp compare`'s mark of an interrupted run. The end-to-end kill-and-resume is tests/runtime/test_resume.py."""
 from __future__ import annotations
 
 import json
