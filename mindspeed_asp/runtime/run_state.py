@@ -10,18 +10,53 @@ run is known to proceed).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol
 
 import numpy as np
 
 from mindspeed_asp.errors import InputError, RunError
-from mindspeed_asp.runtime.run_config import dump_config
+from mindspeed_asp.runtime.run_config import RunConfig, dump_config
 
 if TYPE_CHECKING:
-    from mindspeed_asp.runtime.driver import Driver
+    from mindspeed_asp.runtime.platform import Platform
+    from mindspeed_asp.runtime.replan import WindowPlanner
+    from mindspeed_asp.runtime.rollout_control import RolloutControl
+    from mindspeed_asp.runtime.rollout_pool import RolloutPool
+    from mindspeed_asp.runtime.run_recorder import GroupSpan, RunRecorder
+    from mindspeed_asp.runtime.stop_signals import StopSignals
+    from mindspeed_asp.runtime.trainer import GRPOTrainer
+    from mindspeed_asp.runtime.window_feed import WindowFeed
 
 
-def build_state(d: "Driver") -> Dict[str, Any]:
+class CheckpointedDriver(Protocol):
+    """What a checkpoint saves and restores of the standalone driver (`runtime/driver.py::Driver` is one):
+    its parts, and the records of its own it keeps between updates. Named here so this module does not
+    import the driver that calls it."""
+
+    cfg: RunConfig
+    mode: str
+    version: int
+    feed: "WindowFeed"
+    control: "RolloutControl"
+    recorder: "RunRecorder"
+    planner: Optional["WindowPlanner"]
+    pool: "RolloutPool"
+    trainer: "GRPOTrainer"
+    platform: "Platform"
+    stop: "StopSignals"
+    resume_dir: Optional[Path]
+    checkpoint_dir: Optional[Path]
+    steals_logged: int
+    sync_rounds: List[Dict[str, Any]]
+    peak_rss: float
+    resumes: List[Dict[str, Any]]
+    decode_steps_before: Dict[int, int]
+    spans: Dict[int, "GroupSpan"]
+    restored_rng: Optional[Dict[str, Any]]
+
+
+def build_state(d: CheckpointedDriver) -> Dict[str, Any]:
     """The whole state of a run at a safe point (between two updates)."""
     from mindspeed_asp.runtime.checkpoint import rng_state
 
@@ -35,7 +70,7 @@ def build_state(d: "Driver") -> Dict[str, Any]:
     }
 
 
-def restore_state(d: "Driver", state: Dict[str, Any]) -> List[int]:
+def restore_state(d: CheckpointedDriver, state: Dict[str, Any]) -> List[int]:
     """Put a checkpoint's state into the driver's fresh feed, rollout control and recorder (the planner's,
     which cuts the rollout log back, once the run proceeds). Returns the gids generated again."""
     from mindspeed_asp.runtime.checkpoint import STATE_FILE, check_rng_state, check_rollout_log, restoring
@@ -71,7 +106,7 @@ def restore_state(d: "Driver", state: Dict[str, Any]) -> List[int]:
     return regenerate
 
 
-def resume_weights(d: "Driver") -> None:
+def resume_weights(d: CheckpointedDriver) -> None:
     """The trainer takes the checkpoint's weights, optimizer and RNG; the instances, started from the model
     path, get the same weights under the checkpoint's version before the first dispatch."""
     from mindspeed_asp.runtime.checkpoint import trainer_file
@@ -90,7 +125,7 @@ def resume_weights(d: "Driver") -> None:
                      verified=bool(sync.get("verified", False)))
 
 
-def summary_fields(d: "Driver") -> Dict[str, Any]:
+def summary_fields(d: CheckpointedDriver) -> Dict[str, Any]:
     """What summary.json adds to the recorder's metrics: the config, the sync rounds, what was trained and
     dispatched, memory, each window's plan, and how the run ended (a run stopped by SIGINT/SIGTERM before
     run.steps is partial, resumable from its checkpoint)."""
@@ -114,7 +149,7 @@ def summary_fields(d: "Driver") -> Dict[str, Any]:
     }
 
 
-def decode_steps_total(d: "Driver") -> Dict[int, int]:
+def decode_steps_total(d: CheckpointedDriver) -> Dict[int, int]:
     """Engine steps per instance over the whole run (earlier parts included); {} when not all known."""
     now = d.pool.decode_steps()
     if len(now) != d.pool.count or (d.resumes and not d.decode_steps_before):

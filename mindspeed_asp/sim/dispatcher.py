@@ -29,16 +29,14 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
 from mindspeed_asp.core.policy import lightest, may_steal, shared_queue_order, steal_victim
+from mindspeed_asp.sim.instance import Instance
 from mindspeed_asp.sim.instance_inputs import InstanceInputs
-
-if TYPE_CHECKING:
-    from mindspeed_asp.sim.engine import InstanceTrace
-    from mindspeed_asp.sim.instance import Instance
+from mindspeed_asp.sim.trace import InstanceTrace
 
 OWN, NOWHERE, SHARED = -1, -2, -3  # where the next group comes from (>= 0: the victim of a steal)
 
@@ -140,7 +138,7 @@ class GroupDispatcher:
     `budget` (and `group_capacity`) before the first step to deal a lag budget.
     """
 
-    def __init__(self, inp: InstanceInputs, insts: List["Instance"], queued_load: List[float], rec: "InstanceTrace",
+    def __init__(self, inp: InstanceInputs, insts: List[Instance], queued_load: List[float], rec: InstanceTrace,
                  work_stealing: bool) -> None:
         self.insts, self.rec, self.nsamp = insts, rec, inp.samples
         self.shared_queue = inp.shared_queue

@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from heapq import heappop
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from mindspeed_asp.sim.instance_inputs import INF, InstanceInputs
-
-if TYPE_CHECKING:
-    from mindspeed_asp.sim.engine import InstanceTrace
+from mindspeed_asp.sim.trace import InstanceTrace
 
 
 @dataclass(eq=False)
@@ -50,7 +48,7 @@ class Instance:
     preempting: bool  # a KV overflow preempts ("preempt" policy under a budget)
     reserve: bool  # "reserve" policy: admit only what fits at its final length
     seqs: Sequences
-    rec: "InstanceTrace"
+    rec: InstanceTrace
     queue: List[int]  # sequence ids g*n+s in plan order
     head: List[bool]  # sequence starts a new group
     ptr: int = 0

@@ -43,7 +43,8 @@ from mindspeed_asp.core.fluid import group_moments
 from mindspeed_asp.core.metrics import (DeviceCount, colocated_devices, e2e_tps, generation_padding, lag_stats,
                                    skewness, split_devices, tail_share)
 from mindspeed_asp.sim import bounds as mx
-from mindspeed_asp.sim.engine import DISPATCH, INF, InstanceSim, InstanceTrace
+from mindspeed_asp.sim.engine import DISPATCH, INF, InstanceSim
+from mindspeed_asp.sim.trace import InstanceTrace
 from mindspeed_asp.sim.train_time import TrainerModel
 
 MODES = ("stream", "stock", "single")
