@@ -421,6 +421,15 @@ def trained_lengths(run_dir: Path) -> np.ndarray:
     return np.array([L for g in trace["groups"] if g["trained"] for L in g["sample_lengths"]], dtype=np.float64)
 
 
+def plan_wait_seconds(window: Dict[str, Any]) -> float:
+    """Seconds the run's loop waited for one window's plan: the summary's `wait_seconds` (a window planned
+    ahead whose search had not finished counts too); a summary without it counts the planning of the windows
+    not planned ahead."""
+    if "wait_seconds" in window:
+        return float(window["wait_seconds"])
+    return 0.0 if window.get("ahead") else float(window.get("plan_seconds", 0.0))
+
+
 def asp_time_breakdown(s: Dict[str, Any]) -> Dict[str, Any]:
     """Where an asp run's time went: planning per window (planned ahead or on the critical path), steals, the
     trainer's starved time, and the cost and rho the windows were planned with."""
@@ -429,7 +438,7 @@ def asp_time_breakdown(s: Dict[str, Any]) -> Dict[str, Any]:
             "shared_windows": sum(bool(x.get("shared")) for x in w),
             "searched_windows": sum(bool(x.get("searched", True)) for x in w),
             "plan_s_total": float(sum(x["plan_seconds"] for x in w)),
-            "plan_s_on_critical_path": float(sum(x["plan_seconds"] for x in w if not x.get("ahead"))),
+            "plan_s_on_critical_path": float(sum(plan_wait_seconds(x) for x in w)),
             "steals": s.get("steals", 0), "bubble/sorting": s.get("bubble/sorting"), "run_s": s.get("time/run"),
             "planned_with": [{"window": x["window"], "cost_source": x["cost"].get("source"),
                               "a_ms": 1e3 * x["cost"]["a"], "b": x["cost"]["b"], "c": x["cost"]["c"],
@@ -470,8 +479,8 @@ def run_bubbles(run_dir: Path, summary: Mapping[str, Any]) -> Dict[str, Any]:
     - sorting: the summary's `bubble/sorting` (trainer starved while rollout runs, over the run), the starved
       seconds themselves (trace.json `trainer_idle`), and rollout_wait_share: the updates' wait for their
       minibatch (`time/rollout_total`) over the run;
-    - plan_critical_s / _share: planning seconds of the windows not planned ahead (summary `plan/windows`,
-      `ahead` false), over the run: the planning the run waited for.
+    - plan_critical_s / _share: the seconds the loop waited for a window's plan (summary `plan/windows`,
+      `wait_seconds`: a window not planned ahead, or planned ahead but not finished), over the run.
     """
     from mindspeed_asp.runtime.run_recorder import read_steps
 
@@ -497,7 +506,7 @@ def run_bubbles(run_dir: Path, summary: Mapping[str, Any]) -> Dict[str, Any]:
                                  stock=cfg["asp"]["mode"] == "stock")
             out["skewness_window"] = ws["skew"]
     windows = summary.get("plan/windows") or []
-    crit = float(sum(float(w.get("plan_seconds", 0.0)) for w in windows if not w.get("ahead")))
+    crit = float(sum(plan_wait_seconds(w) for w in windows))
     out["plan_critical_s"] = crit
     out["plan_critical_share"] = crit / run_s if run_s > 0 else float("nan")
     out["plan_windows"] = len(windows)

@@ -14,6 +14,7 @@ prompt and epoch.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -116,6 +117,7 @@ class WindowFeed:
 
     def _load_planned(self, gids: List[int]) -> None:
         ahead = self.prepared is not None and self.prepared[0] == gids
+        t0 = time.perf_counter()
         if ahead:
             _, pending, future = self.prepared
             plan = self.planner.finish(pending, future.result())  # waits only if it is still planning
@@ -123,9 +125,13 @@ class WindowFeed:
             if self.prepared is not None:  # planned for other groups (stale drops changed the count)
                 self.prepared[2].cancel()
             plan = self._plan_window(gids)
+        # what the loop waited here: the whole planning of a window not planned ahead, the rest of the search
+        # of one planned ahead but not finished yet (0 when it was ready)
+        wait_seconds = time.perf_counter() - t0
         self.prepared = None
         self.loaded_plans.append({"window": self.window_index, "groups": len(gids), "planner": plan.planner,
-                                  "ahead": ahead, "plan_seconds": plan.plan_seconds, "cost": plan.cost,
+                                  "ahead": ahead, "plan_seconds": plan.plan_seconds,
+                                  "wait_seconds": wait_seconds, "cost": plan.cost,
                                   "rho": plan.rho, "queues": plan.queues, "shared": plan.shared,
                                   "isolated": plan.isolated, "searched": plan.searched,
                                   "minibatch": [plan.minibatch[g] for g in gids], "gids": gids})
@@ -134,7 +140,8 @@ class WindowFeed:
                                  shared=plan.shared, isolated=plan.isolated)
         self.event("plan", window=self.window_index, groups=len(gids), with_history=plan.with_history,
                    planner=plan.planner, ahead=ahead, shared=plan.shared, isolated=len(plan.isolated),
-                   plan_seconds=round(plan.plan_seconds, 4), cost=plan.cost, rho=plan.rho)
+                   plan_seconds=round(plan.plan_seconds, 4), wait_seconds=round(wait_seconds, 4), cost=plan.cost,
+                   rho=plan.rho)
 
     def _plan_window(self, gids: List[int]):
         """Plan `gids` with the engine steps read so far (the online cost fit) and the measured rho. With

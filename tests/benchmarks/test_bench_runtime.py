@@ -315,6 +315,16 @@ def test_bubbles_are_read_from_what_the_recorder_wrote(tmp_path):
     assert diff["plan_critical_share"]["values"] == pytest.approx([0.02, 0.02])
 
 
+def test_planning_on_the_critical_path_counts_every_wait_the_summary_records():
+    """A window planned ahead whose search had not finished made the loop wait too (`wait_seconds`); a summary
+    without the field counts the windows not planned ahead."""
+    recorded = [{"plan_seconds": 0.3, "ahead": False, "wait_seconds": 0.31},
+                {"plan_seconds": 0.5, "ahead": True, "wait_seconds": 0.2}]
+    assert [bench_runtime.plan_wait_seconds(w) for w in recorded] == [0.31, 0.2]
+    older = [{"plan_seconds": 0.3, "ahead": False}, {"plan_seconds": 0.5, "ahead": True}]
+    assert [bench_runtime.plan_wait_seconds(w) for w in older] == [0.3, 0.0]
+
+
 def test_simulator_ratio_is_paired_by_seed():
     runs = {f"{m}_s{s}": {"tokens/trained": 100.0, "throughput/e2e_tps": tps}
             for s in (0, 1) for m, tps in (("asp_lag1", 11.0), ("async_lag1", 10.0))}

@@ -86,6 +86,7 @@ def test_asp_mode_lag0_replans_from_observed_lengths(tmp_path, tiny_model):
     assert windows[0]["cost"]["source"] == "configured" and windows[0]["rho"]["source"] == "configured"
     assert all(w["rho"]["source"] == "measured" and w["rho"]["rho"] > 0 for w in windows[1:])
     assert all(w["cost"]["source"] in ("configured", "online") and w["plan_seconds"] > 0 for w in windows)
+    assert all(w["wait_seconds"] >= (0.0 if w["ahead"] else w["plan_seconds"]) for w in windows)
     assert [p["rho"]["source"] for p in plans] == [w["rho"]["source"] for w in windows]
     steps_log = [json.loads(line) for line in (out / "engine_steps.jsonl").read_text().splitlines()]
     assert steps_log and {r["instance"] for r in steps_log} == {0, 1}
