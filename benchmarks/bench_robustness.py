@@ -16,7 +16,7 @@ Criteria (printed with PASS/FAIL and counts; computed from the simulated means o
 1. oracle ASP (true lengths) <= the best baseline (every baseline, oracle versions and the stock pipeline
    included) in every regime;
 2. ASP with estimates within 2% of the best non-oracle baseline in >= 90% of regimes;
-3. ASP's rollout makespan with estimates <= 15% above the (tightened) R_LB of sim.metrics: rollout only, as
+3. ASP's rollout makespan with estimates <= 15% above the (tightened) R_LB of sim.bounds: rollout only, as
    bench_schedulers section 1 (barrier mode, no lag gate, stealing on), per kind;
 4. KV-bound cluster case (8 x 256 slots, 600,000 KV tokens per instance, long_cot, rho_stock 0.1/0.3/0.5 =
    train time over stock's rollout, max_lag 1/2/K-1): ASP's e2e_tps >= least-loaded async dispatch with no

@@ -301,7 +301,7 @@ def plan_summary(result, max_new_tokens: int, advice=None, plan_seconds: Optiona
 
     `pred_makespan_s` / `pred_bound_s` are the planner's fluid figures (one model on both sides: they can meet
     when the longest group binds). With `advice`, `gap` holds the honest figure: the first window's
-    event-simulated rollout against the sim.metrics lower bound of the same predicted lengths.
+    event-simulated rollout against the sim.bounds lower bound of the same predicted lengths.
     """
     plan = result.plan
     sums = result.summaries
@@ -362,7 +362,7 @@ def format_summary(s: Dict[str, Any], path: str) -> str:
     g = s.get("gap")
     if g is not None:
         lines.append(f"  true-bound gap    first window: simulated rollout {g['sim_rollout_s']:.1f} s vs lower bound "
-                     f"{g['rollout_lb_s']:.1f} s ({g['above_lb_pct']:+.1f}%; event simulator and sim.metrics R_LB "
+                     f"{g['rollout_lb_s']:.1f} s ({g['above_lb_pct']:+.1f}%; event simulator and sim.bounds R_LB "
                      f"on the same predicted lengths)")
     lines.append(f"  dataset           fingerprint {s['dataset_fingerprint']}")
     return "\n".join(lines)

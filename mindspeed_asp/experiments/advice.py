@@ -7,7 +7,7 @@ simulator at max_lag 0, 1, 2, K-1 and the chosen bound, against the stock pipeli
 barrier mode, no stealing: MindSpeed-RL has none), with the estimate, cost model and rho the plan uses. The
 lengths are one scenario drawn from the estimate (`scheduler.scenarios.sample_scenarios`), so the advice is a
 prediction, not a measurement. It also gives the honest planning gap: the plan's event-simulated rollout on
-those lengths against the rollout lower bound of `sim.metrics` computed from the same lengths (the fluid
+those lengths against the rollout lower bound of `sim.bounds` computed from the same lengths (the fluid
 figures of `build.summarize` share one model for both sides and can read +0.0% when a solo term binds).
 
 Cost: a window larger than ADVICE_MAX_SEQS sequences is shrunk to its first groups on proportionally fewer
@@ -73,7 +73,7 @@ class RegimeAdvice:
     stock_e2e_tps: float
     points: List[LagPoint] = field(default_factory=list)
     pred_rollout_s: float = float("nan")  # event-simulated rollout of the plan on the scenario (no trainer)
-    rollout_lb_s: float = float("nan")  # sim.metrics R_LB of the same lengths
+    rollout_lb_s: float = float("nan")  # sim.bounds R_LB of the same lengths
     seconds: float = 0.0
 
     def point(self, lag: int) -> LagPoint:

@@ -124,7 +124,7 @@ class RhoMeter:
     """rho = (trainer seconds per update x updates per window) / R_LB(window rollout), measured.
 
     `add_update(seconds)` per optimizer update; `add_window(lengths, prompt_lens)` once every group of a
-    window came back (lengths [G, n] as generated). R_LB (`sim.metrics.rollout_lower_bound`) is taken at
+    window came back (lengths [G, n] as generated). R_LB (`sim.bounds.rollout_lower_bound`) is taken at
     query time with the cost given then, so a refined cost fit re-prices the windows already seen.
     """
 

@@ -1,6 +1,6 @@
 """Regime advice (`experiments/advice.py`) and its use by `asp plan` and `asp simulate`: the figures are the
 event simulator's on one scenario drawn from the estimate, the warning follows them, the true-bound gap uses the
-independent sim.metrics bound, and `asp simulate`'s stock pipeline never steals unless asked."""
+independent sim.bounds bound, and `asp simulate`'s stock pipeline never steals unless asked."""
 from __future__ import annotations
 
 import json

@@ -148,7 +148,7 @@ def prompt_set_from_dataset(dataset: Any, n: int, origin: str = "mindspeed_rl da
     return PromptSet(prompt_ids=ids, prompt_lens=lens, n=n, origin=origin)
 
 
-#: The MindSpeed-RL key each setting a plan depends on (`scheduler.plan.SETTINGS`) comes from in a training YAML:
+#: The MindSpeed-RL key each setting a plan depends on (`scheduler.plan_file.SETTINGS`) comes from in a training YAML:
 #: what `asp_build_plan` (shell/msrl_common.sh) passes to `asp plan`, so the plan-ordered loader can refuse a
 #: plan built for other values naming the key to change (the standalone runtime's: runtime/run_config.py).
 MSRL_PLAN_SETTING_KEYS = {"n": "rl_config.n_samples_per_prompt", "instances": "asp.instances", "slots": "asp.slots",
