@@ -1,4 +1,4 @@
-"""How well are response lengths predicted? The figures of docs/benchmarks.md section 1, in one run.
+"""How well are response lengths predicted? The figures of that section of docs/benchmarks.md, in one run.
 
     python benchmarks/bench_lengths.py --alpaca PATH/alpaca-train-10k-length.json \
         --json benchmarks/results/lengths.json

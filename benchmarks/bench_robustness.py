@@ -17,7 +17,7 @@ Criteria (printed with PASS/FAIL and counts; computed from the simulated means o
    included) in every regime;
 2. ASP with estimates within 2% of the best non-oracle baseline in >= 90% of regimes;
 3. ASP's rollout makespan with estimates <= 15% above the (tightened) R_LB of sim.bounds: rollout only, as
-   bench_schedulers section 1 (barrier mode, no lag gate, stealing on), per kind;
+   bench_schedulers' first table (barrier mode, no lag gate, stealing on), per kind;
 4. KV-bound cluster case (8 x 256 slots, 600,000 KV tokens per instance, long_cot, rho_stock 0.1/0.3/0.5 =
    train time over stock's rollout, max_lag 1/2/K-1): ASP's e2e_tps >= least-loaded async dispatch with no
    plan (the runtime's async mode: one FIFO in dataset order), wherever the KV budget binds (preemptions in
@@ -29,7 +29,7 @@ and, per regime, the planner's predicted e2e (its own scoring of the chosen plan
 Resumable: every finished (kind, seed) unit is appended to `<out>/progress.jsonl` under a key that includes
 the settings; a re-run with the same settings skips it (`--fresh` starts over). `--jobs 2` runs units in
 parallel processes. The results JSON (benchmarks/_results.py) feeds docs/benchmarks.md, section
-"Robustness on unseen workload kinds", through benchmarks/render_docs.py.
+"Does the planner hold up on workloads it was not tuned on?", through benchmarks/render_docs.py.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ STOCK = "stock@stock"  # the stock pipeline: stock planner, synchronous barrier 
 STREAM_PLANNERS = ("asp", "oracle_asp") + tuple(p for p in NON_ORACLE if p != "async") + ORACLE_BASELINES
 KV_RHO_STOCK = (0.1, 0.3, 0.5)
 KV_PER_SLOT = 600_000 / 256  # the KV-bound cluster case: 600k KV tokens for 256 slots per instance
-ROLLOUT_RHO, ROLLOUT_MAX_LAG = 0.1, 10 ** 6  # rollout only (bench_schedulers section 1)
+ROLLOUT_RHO, ROLLOUT_MAX_LAG = 0.1, 10 ** 6  # rollout only (bench_schedulers' first table)
 KEEP = ("time/iteration", "throughput/e2e_tps", "time/rollout", "above:time/rollout", "above:rollout/makespan_busy",
         "bound:rollout/R_LB", "rollout/preemptions", "rollout/steals", "lag/max", "plan_seconds", "rho", "rho_stock")
 

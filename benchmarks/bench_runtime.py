@@ -28,7 +28,7 @@ sampling. `--kinds` runs the same modes at one lag (`--kind-lag`) on other repla
 default scale (data.replay.scale=null: the run's cap / the kind's cap, so every kind keeps its cap share), under
 OUT/kind_<kind>/ and into the same results file (key `kinds`), interleaved with the main runs seed by seed.
 
-Demo config (section 4 of docs/benchmarks.md):
+Demo config (docs/benchmarks.md, "What does the asynchronous runtime gain on a real engine"):
 
     .venv/bin/python benchmarks/bench_runtime.py --out runs/bench_runtime --seeds 0,1,2,3,4 \
         [--modes stock,async_lag0,asp_lag0,async_lag1,asp_lag1,async_lag2,asp_lag2] \

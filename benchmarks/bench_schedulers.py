@@ -4,9 +4,9 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/bench_schedulers.py --out benchmarks/results/schedulers
 
-It prints tables and writes `results.json` (docs/benchmarks.md section 3 is generated from it by
-benchmarks/render_docs.py) and `results.md` into --out. Every number in one table comes from the same
-workloads, estimates, trainer and seeds.
+It prints tables and writes `results.json` (docs/benchmarks.md, "What does the simulator predict for each
+schedule?", is generated from it by benchmarks/render_docs.py) and `results.md` into --out. Every number in
+one table comes from the same workloads, estimates, trainer and seeds.
 
 Sections:
 1. rollout makespan vs its lower bound R_LB, rollout only (mode stock: no lag gate; the planners are told
@@ -38,7 +38,7 @@ from mindspeed_asp.sim.train_time import trainer_for_rho
 BASELINES = ["stock", "random", "round_robin", "sorted_asc", "sorted_desc", "least_loaded", "verl_kk", "lpt"]
 ROLLOUT_PLANNERS = ["asp", "oracle_asp", "lpt", "oracle_lpt", "verl_kk", "oracle_verl_kk", "round_robin", "stock"]
 RHOS = (0.3, 1.0, 1.5)
-ROLLOUT_RHO, ROLLOUT_MAX_LAG = 0.1, 10 ** 6  # section 1's regime as the planners see it: rollout only
+ROLLOUT_RHO, ROLLOUT_MAX_LAG = 0.1, 10 ** 6  # the first table's regime as the planners see it: rollout only
 STOCK = "stock@stock"  # the stock pipeline: synchronous, never stealing (MindSpeed-RL)
 STOCK_STEAL = "stock@stock+steal"  # the same pipeline with work stealing switched on (a separate row)
 

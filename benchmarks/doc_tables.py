@@ -38,7 +38,7 @@ def verdict(ok: bool) -> str:
     return "**met**" if ok else "**missed**"
 
 
-# ------------------------------------------------------------------------------ 1. length estimation
+# ------------------------------------------------------------------------------ length estimation
 def _estimator_rows(results: Json, kinds: Sequence[str]) -> List[List[str]]:
     return [[k, num(results[k]["mae"], 1), num(results[k]["bias"], 1), num(results[k]["kendall_tau"]),
              num(results[k]["spearman"]), num(results[k]["group_max_coverage"])] for k in kinds if k in results]
@@ -81,7 +81,7 @@ def lengths(d: Json) -> str:
     return "\n".join(out)
 
 
-# ------------------------------------------------------------------------------ 2. offline pass speed
+# ------------------------------------------------------------------------------ offline pass speed
 def plan_speed(d: Json) -> str:
     rows = [[f"{r['samples']:,}", f"{r['groups']:,}", r["instances"], num(r["estimate_s"]),
              num(r["plan_one_window_s"]), f"{num(r['plan_windows_s'])} ({r['iterations']})",
@@ -98,7 +98,7 @@ def plan_speed(d: Json) -> str:
                "save", "total", "growth", "+bound %"], rows)])
 
 
-# ------------------------------------------------------------------------------ 2b. plan quality
+# ------------------------------------------------------------------------------ plan quality
 def plan_quality(d: Json) -> str:
     s = d["setup"]
     out = [f"{s['groups']} groups x 8 on {s['instances']} instances x {s['slots']} slots, M = {s['minibatch']}, "
@@ -116,12 +116,12 @@ def plan_quality(d: Json) -> str:
     return "\n".join(out).rstrip()
 
 
-# ------------------------------------------------------------------------------ 3. simulated schedules
+# ------------------------------------------------------------------------------ simulated schedules
 _NOT_BASELINES = {"asp", "oracle_asp", "stock@stock", "stock@stock+steal"}  # stock + stealing: its own row
 
 
 def _e2e_rows(d: Json) -> List[Dict[str, Any]]:
-    """One record per (workload, lag, rho, stealing) of section 2, with the quantities the targets use."""
+    """One record per (workload, lag, rho, stealing) of the end-to-end table, with the quantities the targets use."""
     out = []
     for key, e in d["e2e"].items():
         r = e["results"]
@@ -251,7 +251,7 @@ def schedulers(d: Json) -> str:
     return "\n".join(out + _full_tables(d, rows))
 
 
-# ------------------------------------------------------------------------------ 4. runtime, tiny CPU
+# ------------------------------------------------------------------------------ runtime, tiny CPU
 _RUNS = (("async_lag1", "async, max_lag 1"), ("asp_lag1", "asp, max_lag 1"), ("asp_lag2", "asp, max_lag 2"))
 
 
@@ -296,7 +296,8 @@ def e2e_basis(runs: Iterable[Mapping[str, Any]]) -> str:
 
 
 def _runtime_v1(d: Json) -> str:
-    """Section 4 from a results file without max_lag 0 (std over seeds), the layout of runtime_tiny_cpu_run1.json."""
+    """The tiny-CPU runtime benchmark from a results file without max_lag 0 (std over seeds), the layout of
+    runtime_tiny_cpu_run1.json."""
     rs = d["ratios_over_seeds"]
     target = "; ".join(f"{label}: {rs[k]['e2e_tps_x_mean']:.2f}x, {verdict(rs[k]['e2e_tps_x_mean'] >= 1.3)}"
                        for k, label in _RUNS if k.startswith("asp") and k in rs)
@@ -338,7 +339,8 @@ def _runtime_v1(d: Json) -> str:
 
 
 def runtime(d: Json) -> str:
-    """Section 4: stock / async / asp at max_lag 0-2, interleaved and paired by seed (bench_runtime.py)."""
+    """The tiny-CPU runtime benchmark: stock / async / asp at max_lag 0-2, interleaved and paired by seed
+    (bench_runtime.py)."""
     if "modes" not in d:
         return _runtime_v1(d)
     modes = [m for m in d["modes"] if m != "stock"]
@@ -430,7 +432,7 @@ def runtime_earlier(d: Json) -> str:
                       _preformatted(d["table"])])
 
 
-# ------------------------------------------------------------------ 4b. runtime on the long tail
+# ------------------------------------------------------------------ runtime on the long tail
 def _mode_label(mode: str, spelled: Mapping[str, Sequence[str]]) -> str:
     """'asp, max_lag 1 (= K-1)' for a mode whose lag was also asked for as K-1."""
     if mode == "stock":
@@ -555,9 +557,9 @@ def runtime_longtail(d: Json) -> str:
                    for m, ci in d["ratios_vs_stock"].items()] + [["stock", "1.00x", "", tps("stock")]]), ""]
     if d.get("simulator"):
         out += ["**Does the simulator predict it?** Every run replayed with its own lengths, a cost fitted from its "
-                "own engine steps and its measured trainer and sync times (section 4); error of the predicted run "
-                "time per mode, and the predicted asp/async ratio against the measured one (target: within 10% "
-                "per mode, ratio within 5 points):", "",
+                "own engine steps and its measured trainer and sync times, as for the tiny CPU config's runs; error "
+                "of the predicted run time per mode, and the predicted asp/async ratio against the measured one "
+                "(target: within 10% per mode, ratio within 5 points):", "",
                 _sim_mode_table(d, spelled), "",
                 table(["max_lag", "measured asp / async", "predicted", "predicted - measured (points) [95%]"],
                       [[key[3:], _ci(v["measured"]), _ci(v["predicted"]),
@@ -632,18 +634,25 @@ def weight_sync(d: Json) -> str:
              + f" ({d['start_total_seconds']:.0f} s for {d['instances']})"]])])
 
 
+#: bench_weight_sync.py's variant names, as the page words them (the page says what each checksum is, not which
+#: code it stood in for)
+CHECKSUM_LABELS = {"fp64 chunks of 2^24 (runtime before)": "fp64 sum, chunks of 2^24",
+                   "fp64 full copy (integration before)": "fp64 sum of a full copy"}
+
+
 def checksum_cost(d: Json) -> str:
     rows, hidden = d["shape"]
     return "\n".join([
         f"bf16 tensor [{rows}, {hidden}] ({d['mib']:.0f} MiB) on {d['device']}, {d['threads']} thread(s); "
         "best of the runs; the right-hand columns scaled to a 7B embedding (152064 x 3584):", "",
         table(["checksum", "time", "throughput", "peak extra memory", "7B embedding: time", "7B embedding: memory"],
-              [[name, f"{1e3 * v['seconds']:.0f} ms", f"{v['gib_per_s']:.2f} GiB/s", f"+{v['peak_extra_mib']:.1f} MiB",
+              [[CHECKSUM_LABELS.get(name, name), f"{1e3 * v['seconds']:.0f} ms", f"{v['gib_per_s']:.2f} GiB/s",
+                f"+{v['peak_extra_mib']:.1f} MiB",
                 f"{v['full_embedding_seconds']:.2f} s", f"+{v['full_embedding_peak_extra_mib']:.0f} MiB"]
                for name, v in d["variants"].items()])])
 
 
-# ------------------------------------------------------------------------------ 6. demo learning
+# ------------------------------------------------------------------------------ demo learning
 def demo_learning(d: Json) -> str:
     s, rows = d["summary"], d["rows"]
     k = s["window"]
@@ -661,7 +670,7 @@ def demo_learning(d: Json) -> str:
              num(mean(last, "stop_share"), 2)]])])
 
 
-# ------------------------------------------------------------------------------ 8. convergence
+# ------------------------------------------------------------------------------ convergence
 def _interval(v: Json, digits: int = 3) -> str:
     return f"{num(v['mean'], digits)} [{num(v['lo'], digits)}, {num(v['hi'], digits)}]"
 
@@ -713,7 +722,7 @@ def convergence(d: Json) -> str:
     return "\n".join(out)
 
 
-# ------------------------------------------------------------------------------ 5. the demo's variants
+# ------------------------------------------------------------------------------ the demo's variants
 #: `asp demo`'s variants (stock, asp, asp@max_lag=2 under the default objective) in the convergence benchmark
 DEMO_CONFIGS = (("stock", "stock_std"), ("asp (max_lag 1)", "asp_lag1_dec"), ("asp (max_lag 2)", "asp_lag2_dec"))
 
@@ -731,10 +740,10 @@ def demo(d: Json) -> str:
                      num(sum(upd) / len(upd), 1) if upd else "-",
                      _interval(c["seconds_to_target_x_stock"], 2)])
     return "\n".join([
-        f"The demo's variants in the convergence benchmark (section 8): the same config, seeds "
-        f"{', '.join(str(s) for s in d['configs']['stock_std']['seeds'])} (the demo itself runs seed 0). Reward at "
-        f"equal updates (the last quarter's mean) and the time to reach R* = {d['target_reward']:g}, both sides "
-        "of the trade-off; 95% intervals over seeds, ratios paired by seed.", "",
+        "The demo's variants in the convergence benchmark (`benchmarks/bench_convergence.py`): the same config, "
+        f"seeds {', '.join(str(s) for s in d['configs']['stock_std']['seeds'])} (the demo itself runs seed 0). "
+        f"Reward at equal updates (the last quarter's mean) and the time to reach R* = {d['target_reward']:g}, "
+        "both sides of the trade-off; 95% intervals over seeds, ratios paired by seed.", "",
         table(["variant", "seeds", "e2e_tps x stock", "final reward", "reached R*", "updates to R* (mean)",
                "seconds to R* x stock"], rows)])
 
@@ -855,12 +864,20 @@ def whatif_validation(d: Json) -> str:
     return "\n".join(out)
 
 
-# ------------------------------------------------------------------------------ 9. robustness
+# ------------------------------------------------------------------------------ robustness
+#: the KV criterion's text as a results file may record it -> as bench_robustness.py words it (what the criterion
+#: asks, not which ticket set it)
+CRITERION_WORDING = {" (the issue's criterion)": " (the KV criterion)"}
+
+
 def _robust_criteria(d: Json) -> str:
     lines = []
     for c in d["criteria"].values():
         share = f" ({pct(c['share'])})" if "share" in c else ""
-        lines.append(f"- {c['text']}: {c['met']} of {c['of']}{share}: **{'PASS' if c['pass'] else 'FAIL'}**")
+        text = c["text"]
+        for old, new in CRITERION_WORDING.items():
+            text = text.replace(old, new)
+        lines.append(f"- {text}: {c['met']} of {c['of']}{share}: **{'PASS' if c['pass'] else 'FAIL'}**")
     return "\n".join(lines)
 
 

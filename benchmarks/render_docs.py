@@ -24,8 +24,8 @@ Adding a renderer (about 20 lines):
 2. write `def my_bench(d) -> str` in benchmarks/doc_tables.py: Markdown tables from the parsed JSON
    (`doc_tables.table`, `num`, `pct`, `verdict` help), verdicts computed from the numbers;
 3. register it below: `"my_bench": Renderer("my_bench.json", doc_tables.my_bench)`;
-4. put the BEGIN/END markers for `my_bench` in docs/benchmarks.md (an empty block is fine), run this
-   script, and commit the JSON, the script change and the page together.
+4. put the BEGIN/END markers for `my_bench` in docs/benchmarks.md under the question it answers (an empty
+   block is fine), run this script, and commit the JSON, the script change and the page together.
 `tests/benchmarks/test_benchmark_docs.py` runs `--check`, so a hand edit inside a block, or a results file changed
 without re-rendering, fails the fast test tier.
 """
