@@ -1,7 +1,5 @@
 """`asp lengths` end to end through mindspeed_asp.cli.main."""
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -11,11 +9,7 @@ from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.scheduler.length_metrics import evaluate
 from mindspeed_asp.workloads.prompts import load_prompt_set
 
-
-def shared_data() -> Path:
-    env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-
+from factories import shared_data
 
 ALPACA = shared_data() / "alpaca-train-10k-length.json"
 

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ from mindspeed_asp.cli import main
 from mindspeed_asp.scheduler.plan_file import load_plan
 from mindspeed_asp.workloads.prompts import load_prompt_set
 
-from factories import base_args, write_inputs
+from factories import base_args, shared_data, write_inputs
 
 
 @pytest.mark.parametrize("planner", ["asp", "stock", "verl_kk", "least_loaded"])
@@ -116,14 +114,9 @@ def test_bad_flags_and_side_files_are_named(tmp_path, capsys):
     assert not out.exists()
 
 
-def _shared_data() -> Path:
-    env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
 def test_plan_on_the_alpaca_trace(tmp_path, capsys):
     """Real lengths: three temperatures of each Alpaca prompt as history, planned over 8 instances."""
-    src = _shared_data() / "alpaca-train-10k-length.json"
+    src = shared_data() / "alpaca-train-10k-length.json"
     if not src.is_file():
         pytest.skip(f"shared data not found at {src} (set ASP_SHARED_DATA)")
     rows = json.loads(src.read_text())[:2000]

@@ -1,18 +1,13 @@
 """`asp simulate` end to end on a small synthetic workload (and a trace when shared/data is present)."""
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from mindspeed_asp.cli import main
 
+from factories import shared_data
+
 SMALL = "synthetic:prompts=64,n=4,regime=small"
-
-
-def shared_data() -> Path:
-    env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def test_simulate_writes_table_json_and_plots(tmp_path, capsys):

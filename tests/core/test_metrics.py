@@ -9,6 +9,8 @@ import pytest
 from mindspeed_asp.core import metrics as m
 from mindspeed_asp.runtime.run_recorder import GroupSpan, group_skewness, run_padding
 
+from factories import length_estimate, planning_problem, prompt_set
+
 
 def test_percentile_is_nearest_rank():
     lags = [0] * 98 + [1, 3]
@@ -54,18 +56,15 @@ def test_simulator_reports_the_core_statistics():
     """A simulated streaming run: its lag and bubble metrics are the core's on the run's own numbers."""
     from mindspeed_asp.sim.pipeline import simulate_pipeline
     from mindspeed_asp.sim.train_time import TrainerModel
-    from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
-                                     PromptSet)
+    from mindspeed_asp.core.problem import Assignment
 
     rng = np.random.default_rng(0)
     G, n, inst = 48, 4, 3
     L = rng.integers(5, 400, size=(G, n))
     P = rng.integers(10, 50, G)
-    prompts = PromptSet(prompt_ids=np.array([str(i) for i in range(G)], dtype=object), prompt_lens=P, n=n)
-    est = LengthEstimate(median=np.median(L, 1).astype(float), group_max=L.max(1).astype(float),
-                         sigma=np.zeros(G), p_trunc=np.zeros(G), has_history=np.ones(G, bool), samples=L * 1.0)
-    prob = PlanningProblem(prompts=prompts, estimate=est, instances=inst, spec=InstanceSpec(slots=8), minibatch=4,
-                           cost=CostModel(), max_new_tokens=400, max_lag=2)
+    est = length_estimate(np.median(L, 1).astype(float), L.max(1).astype(float), samples=L * 1.0)
+    prob = planning_problem(prompt_set(P, n), est, instances=inst, slots=8, minibatch=4, max_new_tokens=400,
+                            max_lag=2)
     order = rng.permutation(G)
     plan = Assignment(orders=[order[j::inst] for j in range(inst)], minibatch=np.full(G, -1), planner="random")
     res = simulate_pipeline(prob, plan, L, mode="stream", max_lag=2,

@@ -34,8 +34,9 @@ from mindspeed_asp.scheduler.baselines import plan_stock
 from mindspeed_asp.core.fluid import group_moments
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
-from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
-                                 PromptSet)
+from mindspeed_asp.core.problem import Assignment, CostModel, InstanceSpec, PlanningProblem
+
+from factories import length_estimate, planning_problem, prompt_set
 
 G, N, INSTANCES, M = 24, 2, 3, 2  # M < instances: admission leaves an instance idle
 PROMPT = 4  # prompt tokens per sample
@@ -59,15 +60,12 @@ def script(seed: int = 3):
 
 
 def problem(lengths: np.ndarray, predicted: np.ndarray, groups: np.ndarray) -> PlanningProblem:
-    k = len(groups)
-    est = LengthEstimate(median=predicted[groups], group_max=predicted[groups], sigma=np.zeros(k),
-                         p_trunc=np.zeros(k), has_history=np.ones(k, bool), estimator="script",
-                         samples=np.repeat(predicted[groups][:, None], N, 1))
-    prompts = PromptSet(prompt_ids=np.array([f"p{g}" for g in groups], dtype=object),
-                        prompt_lens=np.full(k, PROMPT, dtype=np.int64), n=N)
-    return PlanningProblem(prompts=prompts, estimate=est, instances=INSTANCES, spec=InstanceSpec(slots=N),
-                           minibatch=M, cost=CostModel(a=1.0, b=0.0, c=0.0, p=0.0),
-                           max_new_tokens=int(lengths.max()))
+    """The script's `groups` as one window: the planner's estimate is `predicted`, a step costs 1 s."""
+    est = length_estimate(predicted[groups], predicted[groups], estimator="script",
+                          samples=np.repeat(predicted[groups][:, None], N, 1))
+    prompts = prompt_set(np.full(len(groups), PROMPT, dtype=np.int64), N, prefix="p", ids=groups)
+    return planning_problem(prompts, est, instances=INSTANCES, slots=N, minibatch=M,
+                            cost=CostModel(a=1.0, b=0.0, c=0.0, p=0.0), max_new_tokens=int(lengths.max()))
 
 
 @dataclass

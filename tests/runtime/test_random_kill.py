@@ -16,7 +16,11 @@ import uuid
 
 import pytest
 
-from test_resume import _asp, _assert_nothing_left, _lines
+pytest.importorskip("vllm")
+pytest.importorskip("ray")
+pytest.importorskip("psutil")
+
+from processes import asp_process, assert_nothing_left, read_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 STEPS = 10
@@ -25,7 +29,7 @@ SEEDS = (0, 1, 2)
 
 def _kill_at(proc, out, after: int, delay: float, err) -> None:
     deadline = time.time() + 600
-    while len(_lines(out / "metrics.jsonl")) < after:
+    while len(read_lines(out / "metrics.jsonl")) < after:
         assert proc.poll() is None, err.read_text()[-3000:]
         assert time.time() < deadline, "the run did not reach the kill point"
         time.sleep(0.05)
@@ -42,22 +46,22 @@ def test_a_driver_killed_at_random_points_resumes_with_every_step_once(tmp_path)
     points = []
     for part, seed in enumerate(SEEDS):
         rng = random.Random(seed)
-        logged = len(_lines(out / "metrics.jsonl"))
+        logged = len(read_lines(out / "metrics.jsonl"))
         after, delay = logged + rng.randint(1 if part else 2, 2), rng.uniform(0.0, 1.5)
         points.append((after, round(delay, 2)))
         tag = uuid.uuid4().hex
-        proc = _asp(args if part == 0 else ["train", "--quiet", "--resume", str(out)], tmp_path, tag,
-                    tmp_path / f"p{part}")
+        proc = asp_process(args if part == 0 else ["train", "--quiet", "--resume", str(out)], tmp_path, tag,
+                           tmp_path / f"p{part}")
         _kill_at(proc, out, after, delay, tmp_path / f"p{part}.err")
-        _assert_nothing_left(tag)
+        assert_nothing_left(tag)
 
     tag = uuid.uuid4().hex
-    proc = _asp(["train", "--quiet", "--resume", str(out)], tmp_path, tag, tmp_path / "last")
+    proc = asp_process(["train", "--quiet", "--resume", str(out)], tmp_path, tag, tmp_path / "last")
     rc = proc.wait(timeout=900)
     err = (tmp_path / "last.err").read_text()
     assert rc == 0, f"kill points {points} (updates logged, delay s): the last resume failed:\n{err[-3000:]}"
-    _assert_nothing_left(tag)
-    steps = _lines(out / "metrics.jsonl")
+    assert_nothing_left(tag)
+    steps = read_lines(out / "metrics.jsonl")
     assert [s["step"] for s in steps] == list(range(STEPS)), f"kill points {points}"
     assert [s["version"] for s in steps] == list(range(1, STEPS + 1))
     summary = json.loads((out / "summary.json").read_text())

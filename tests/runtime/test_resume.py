@@ -13,66 +13,24 @@ environment tag). Part 2 resumes to the end. The finished run must have trained 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
-from typing import List
 
 import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("ray")
-psutil = pytest.importorskip("psutil")
+pytest.importorskip("psutil")
+
+from processes import asp_process, assert_nothing_left, read_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 STEPS, EVERY, KILL_AFTER, M, N = 6, 2, 3, 8, 4
-TAG = "ASP_RESUME_TEST_TAG"
-
-
-def _tagged(tag: str) -> List[psutil.Process]:
-    """Processes of this user carrying the run's environment tag: the run's driver and everything it started
-    (Ray's processes and workers inherit the driver's environment)."""
-    found = []
-    for p in psutil.process_iter(["pid", "uids"]):
-        try:
-            if p.info["uids"] and p.info["uids"].real == os.getuid() and p.environ().get(TAG) == tag:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def _assert_nothing_left(tag: str) -> None:
-    deadline = time.time() + 30  # Ray's processes exit a moment after the driver
-    left = _tagged(tag)
-    while left and time.time() < deadline:
-        time.sleep(1)
-        left = _tagged(tag)
-    described = []
-    for p in left:
-        try:
-            described.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
-            p.kill()  # started by this test's run: do not leave it to the next test
-        except psutil.Error:
-            pass
-    assert not described, "processes of the run left behind:\n" + "\n".join(described)
-
-
-def _asp(args: List[str], cwd: Path, tag: str, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, **{TAG: tag})
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([sys.executable, "-m", "mindspeed_asp", *args], cwd=cwd, env=env,
-                            stdout=open(log.with_suffix(".out"), "w"), stderr=open(log.with_suffix(".err"), "w"))
-
-
-def _lines(path: Path) -> List[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
 @pytest.mark.timeout(1800)
@@ -83,9 +41,9 @@ def test_sigterm_mid_run_then_resume_trains_every_group_once(tmp_path):
             f"run.steps={STEPS}", f"run.checkpoint_every={EVERY}", "run.plots=true"]
 
     # ---- part 1: SIGTERM once KILL_AFTER updates are logged
-    proc = _asp(args, tmp_path, tag, tmp_path / "part1")
+    proc = asp_process(args, tmp_path, tag, tmp_path / "part1")
     deadline = time.time() + 900
-    while len(_lines(out / "metrics.jsonl")) < KILL_AFTER:
+    while len(read_lines(out / "metrics.jsonl")) < KILL_AFTER:
         assert proc.poll() is None, (tmp_path / "part1.err").read_text()[-3000:]
         assert time.time() < deadline, "part 1 did not reach the kill point"
         time.sleep(0.5)
@@ -95,10 +53,10 @@ def test_sigterm_mid_run_then_resume_trains_every_group_once(tmp_path):
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err and "Stack trace" not in err, err[-3000:]
     assert "stopping after the current update" in err
-    _assert_nothing_left(tag)
+    assert_nothing_left(tag)
 
     summary = json.loads((out / "summary.json").read_text())
-    steps1 = _lines(out / "metrics.jsonl")
+    steps1 = read_lines(out / "metrics.jsonl")
     assert summary["interrupted"] is True and summary["stop_signal"] == "SIGTERM"
     assert KILL_AFTER <= summary["steps"] == len(steps1) < STEPS
     assert summary["versions"] == list(range(1, len(steps1) + 1))
@@ -115,15 +73,15 @@ def test_sigterm_mid_run_then_resume_trains_every_group_once(tmp_path):
 
     # ---- part 2: resume to the end
     tag2 = uuid.uuid4().hex
-    proc = _asp(["train", "--quiet", "--resume", str(out)], tmp_path, tag2, tmp_path / "part2")
+    proc = asp_process(["train", "--quiet", "--resume", str(out)], tmp_path, tag2, tmp_path / "part2")
     rc = proc.wait(timeout=1200)
     err = (tmp_path / "part2.err").read_text()
     assert rc == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    _assert_nothing_left(tag2)
+    assert_nothing_left(tag2)
 
     summary = json.loads((out / "summary.json").read_text())
-    steps = _lines(out / "metrics.jsonl")
+    steps = read_lines(out / "metrics.jsonl")
     assert summary["interrupted"] is False and summary["steps"] == STEPS
     assert [s["step"] for s in steps] == list(range(STEPS))  # each step once
     assert [s["version"] for s in steps] == list(range(1, STEPS + 1))
@@ -143,11 +101,11 @@ def test_sigterm_mid_run_then_resume_trains_every_group_once(tmp_path):
     resumed = next(e for e in trace["events"] if e["kind"] == "resumed")
     assert sorted(resumed["regenerate"]) == sorted(in_flight)
     # one run's lengths: every (prompt, epoch) once in the rollout log and the history, with n lengths each
-    log = _lines(out / "rollout_log.jsonl")
+    log = read_lines(out / "rollout_log.jsonl")
     keys = Counter((r["prompt_id"], r["epoch"]) for r in log)
     assert set(keys.values()) == {1} and all(len(r["response_lengths"]) == N for r in log)
     assert len(log) == len(trace["groups"])
-    history = _lines(out / "length_history.jsonl")
+    history = read_lines(out / "length_history.jsonl")
     assert len(history) == len(keys) and all(len(r["lengths"]) == N for r in history)
 
 
@@ -159,11 +117,11 @@ def test_second_signal_aborts_at_once_and_leaves_the_last_checkpoint_and_no_proc
 
     out = tmp_path / "run"
     tag = uuid.uuid4().hex
-    proc = _asp(["train", "--quiet", "--out", str(out), f"model.path={tmp_path / 'model'}", "asp.instances=2",
-                 f"run.steps={STEPS}", f"run.checkpoint_every={EVERY}", "run.plots=false"], tmp_path, tag,
-                tmp_path / "run")
+    proc = asp_process(["train", "--quiet", "--out", str(out), f"model.path={tmp_path / 'model'}",
+                        "asp.instances=2", f"run.steps={STEPS}", f"run.checkpoint_every={EVERY}", "run.plots=false"],
+                       tmp_path, tag, tmp_path / "run")
     deadline = time.time() + 900
-    while len(_lines(out / "metrics.jsonl")) < KILL_AFTER:
+    while len(read_lines(out / "metrics.jsonl")) < KILL_AFTER:
         assert proc.poll() is None, (tmp_path / "run.err").read_text()[-3000:]
         assert time.time() < deadline, "the run did not reach the kill point"
         time.sleep(0.5)
@@ -174,7 +132,7 @@ def test_second_signal_aborts_at_once_and_leaves_the_last_checkpoint_and_no_proc
     err = (tmp_path / "run.err").read_text()
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err and "aborting now" in err and "aborted by a second SIGTERM" in err, err[-3000:]
-    _assert_nothing_left(tag)
+    assert_nothing_left(tag)
     # the periodic checkpoint of update 2, or the stop's own if it was complete before the second signal
     state = read_state(latest_checkpoint(out))
     assert EVERY <= state["version"] < STEPS

@@ -1,7 +1,4 @@
 """Estimators: oracle exactness, alpaca accuracy, coverage calibration, drift, cold start, clipping."""
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,11 +11,7 @@ from mindspeed_asp.scheduler.length_metrics import evaluate
 from mindspeed_asp.core.problem import PromptSet
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
-
-def shared_data() -> Path:
-    env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-
+from factories import shared_data
 
 ALPACA = shared_data() / "alpaca-train-10k-length.json"
 

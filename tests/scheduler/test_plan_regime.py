@@ -14,7 +14,7 @@ from mindspeed_asp.scheduler.build import build_plan
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
 
-from test_planners import make_problem
+from factories import skewed_problem
 
 
 def _direct(problem, cand, lengths, rho):
@@ -31,7 +31,7 @@ def _direct(problem, cand, lengths, rho):
 
 
 def test_score_uses_the_problems_max_lag_and_stealing():
-    p = make_problem(96, m=4, slots=32, minibatch=4, seed=5, oracle=True)
+    p = skewed_problem(96, m=4, slots=32, minibatch=4, seed=5, oracle=True)
     truth = np.asarray(p.estimate.samples)
     # a skewed candidate: instance 0 holds half the groups, so stealing and the lag bound both matter
     orders = [np.arange(0, 48), np.arange(48, 64), np.arange(64, 80), np.arange(80, 96)]
@@ -50,7 +50,7 @@ def test_score_uses_the_problems_max_lag_and_stealing():
 
 def test_plan_asp_never_loses_to_the_baseline_orders_it_scores_with_exact_lengths():
     for rho, lag in ((1.5, 15), (0.3, 1)):
-        p = replace(make_problem(128, m=4, slots=32, minibatch=8, seed=11, oracle=True, rho=rho), max_lag=lag)
+        p = replace(skewed_problem(128, m=4, slots=32, minibatch=8, seed=11, oracle=True, rho=rho), max_lag=lag)
         a = plan_asp(p, np.random.default_rng(0))
         assert a.params["scored_max_lag"] == lag and a.params["scored_work_stealing"] == 1.0
         truth = np.asarray(p.estimate.samples)
@@ -63,7 +63,7 @@ def test_plan_asp_never_loses_to_the_baseline_orders_it_scores_with_exact_length
 
 
 def test_a_winning_baseline_order_is_recorded_and_reused_by_later_windows():
-    p = make_problem(64, m=4, slots=32, minibatch=4, seed=2, oracle=True)
+    p = skewed_problem(64, m=4, slots=32, minibatch=4, seed=2, oracle=True)
     a = plan_asp(p, np.random.default_rng(0), rules=("sorted_asc",))  # one candidate: no search
     ref = baselines.plan_sorted_asc(p, np.random.default_rng(0))
     assert all(np.array_equal(x, y) for x, y in zip(a.orders, ref.orders))
@@ -76,7 +76,7 @@ def test_a_winning_baseline_order_is_recorded_and_reused_by_later_windows():
 
 
 def test_build_plan_passes_max_lag_and_stealing_to_every_window():
-    p = make_problem(48, m=2, slots=16, minibatch=4, seed=4)
+    p = skewed_problem(48, m=2, slots=16, minibatch=4, seed=4)
     res = build_plan(p.prompts, p.estimate, instances=2, slots=16, minibatch=4, max_new_tokens=p.max_new_tokens,
                      groups_per_iteration=24, max_lag=3, work_stealing=False, reselect_every=0)
     assert res.plan.header["max_lag"] == 3 and res.plan.header["work_stealing"] is False

@@ -15,33 +15,15 @@ from mindspeed_asp.scheduler.asp_planner import RULES, order_instance, plan_asp
 from mindspeed_asp.core.fluid import group_moments, rollout_lower_bound
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner
 from mindspeed_asp.scheduler.tagging import stratified_minibatches
-from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel
 
-
-def make_problem(G: int, m: int = 4, n: int = 8, slots: int = 64, seed: int = 0, oracle: bool = False,
-                 minibatch: int = 4, rho: float = 1.0, cap: int = 16384) -> PlanningProblem:
-    """A skewed RL-like window: lognormal per-prompt medians, lognormal within-group spread."""
-    rng = np.random.default_rng(seed)
-    mu = rng.lognormal(np.log(1500), 0.9, G)
-    truth = np.minimum(np.rint(mu[:, None] * rng.lognormal(0, 0.5, (G, n))), cap)
-    prompts = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(G)], dtype=object),
-                        prompt_lens=rng.integers(50, 500, G), n=n, origin="synthetic")
-    if oracle:
-        est = LengthEstimate(median=np.median(truth, 1), group_max=truth.max(1), sigma=np.zeros(G),
-                             p_trunc=np.zeros(G), has_history=np.ones(G, bool), estimator="oracle",
-                             samples=truth)
-    else:
-        noisy = mu * rng.lognormal(0, 0.3, G)
-        est = LengthEstimate(median=noisy, group_max=np.minimum(noisy * 2.1, cap), sigma=np.full(G, 0.5),
-                             p_trunc=np.zeros(G), has_history=np.ones(G, bool), estimator="history")
-    return PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=slots),
-                           minibatch=minibatch, cost=CostModel(), max_new_tokens=cap, rho=rho, seed=seed)
+from factories import length_estimate, oracle_estimate, planning_problem, prompt_set, skewed_problem
 
 
 @pytest.mark.parametrize("name", sorted(PLANNERS))
 @pytest.mark.parametrize("G,m", [(1, 4), (3, 4), (37, 4), (200, 8)])
 def test_every_planner_places_each_group_once(name, G, m):
-    problem = make_problem(G, m=m, oracle=name.startswith("oracle_"), seed=G)
+    problem = skewed_problem(G, m=m, oracle=name.startswith("oracle_"), seed=G)
     a = get_planner(name)(problem, np.random.default_rng(0))
     a.validate(G)
     assert len(a.orders) == m
@@ -71,7 +53,7 @@ def test_registry_refuses_to_load_with_other_names():
 @pytest.mark.parametrize("name", ["oracle_asp", "oracle_lpt", "oracle_verl_kk"])
 def test_oracle_planners_refuse_predicted_lengths(name):
     with pytest.raises(ValueError, match="oracle"):
-        get_planner(name)(make_problem(20), np.random.default_rng(0))
+        get_planner(name)(skewed_problem(20), np.random.default_rng(0))
 
 
 def test_unknown_planner_lists_names():
@@ -80,13 +62,13 @@ def test_unknown_planner_lists_names():
 
 
 def test_stock_is_contiguous_dataset_order():
-    a = get_planner("stock")(make_problem(10, m=3), np.random.default_rng(0))
+    a = get_planner("stock")(skewed_problem(10, m=3), np.random.default_rng(0))
     assert [o.tolist() for o in a.orders] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
     assert (a.minibatch == -1).all()
 
 
 def test_round_robin_sorted_and_lpt_semantics():
-    p = make_problem(40, m=4)
+    p = skewed_problem(40, m=4)
     rr = get_planner("round_robin")(p, np.random.default_rng(0))
     assert rr.orders[1].tolist() == list(range(1, 40, 4))
     tokens = group_moments(p).area
@@ -102,7 +84,7 @@ def test_round_robin_sorted_and_lpt_semantics():
 
 
 def test_verl_kk_equal_counts_and_least_loaded_fills_round_robin_first():
-    p = make_problem(42, m=4)
+    p = skewed_problem(42, m=4)
     sizes = [len(o) for o in get_planner("verl_kk")(p, np.random.default_rng(0)).orders]
     assert max(sizes) - min(sizes) <= 1
     ll = get_planner("least_loaded")(p, np.random.default_rng(0))
@@ -177,13 +159,11 @@ def test_local_search_never_worsens_and_fixes_a_bad_split():
 
 
 def test_asp_spreads_predicted_tail_groups_over_instances():
-    p = make_problem(60, m=4, oracle=True, seed=3)
+    p = skewed_problem(60, m=4, oracle=True, seed=3)
     samples = p.estimate.samples.copy()
     samples[[5, 17, 40]] = 16000.0  # three groups far longer than the rest
-    est = LengthEstimate(median=np.median(samples, 1), group_max=samples.max(1), sigma=np.zeros(60),
-                         p_trunc=np.zeros(60), has_history=np.ones(60, bool), estimator="oracle", samples=samples)
-    p = PlanningProblem(prompts=p.prompts, estimate=est, instances=4, spec=p.spec, minibatch=4, cost=p.cost,
-                        max_new_tokens=p.max_new_tokens)
+    p = planning_problem(p.prompts, oracle_estimate(samples), instances=4, slots=p.spec.slots, minibatch=4,
+                         cost=p.cost, max_new_tokens=p.max_new_tokens)
     a = plan_asp(p, np.random.default_rng(0), theta_grid=(0.5,), eps_grid=(0.0,), rules=("curve",))  # laxity/curve
     owner = {g: j for j, o in enumerate(a.orders) for g in o.tolist()}
     assert len({owner[5], owner[17], owner[40]}) == 3
@@ -197,12 +177,9 @@ def test_tail_placement_puts_solo_dominated_groups_on_distinct_instances():
     G = 40
     samples = np.full((G, 1), 100.0)
     samples[[3, 9, 20, 31, 38], 0] = 16000.0
-    prompts = PromptSet(prompt_ids=np.array([f"q{i}" for i in range(G)], dtype=object),
-                        prompt_lens=np.full(G, 100), n=1)
-    est = LengthEstimate(median=samples[:, 0], group_max=samples[:, 0], sigma=np.zeros(G), p_trunc=np.zeros(G),
-                         has_history=np.ones(G, bool), estimator="oracle", samples=samples)
-    p = PlanningProblem(prompts=prompts, estimate=est, instances=4, spec=InstanceSpec(slots=64), minibatch=4,
-                        cost=CostModel(), max_new_tokens=16384)
+    est = length_estimate(samples[:, 0], samples[:, 0], samples=samples, estimator="oracle")
+    p = planning_problem(prompt_set(np.full(G, 100), 1, prefix="q"), est, instances=4, slots=64, minibatch=4,
+                         max_new_tokens=16384)
     tail, owner = place_tails(group_moments(p), p, theta=0.5)
     assert sorted(tail.tolist()) == [3, 9, 20, 31, 38]
     assert len(set(owner[:4].tolist())) == 4  # the first m tail groups land on distinct instances
@@ -211,13 +188,11 @@ def test_tail_placement_puts_solo_dominated_groups_on_distinct_instances():
 
 
 def test_laxity_rule_starts_the_long_group_early():
-    p = make_problem(30, m=1, oracle=True, seed=1)
+    p = skewed_problem(30, m=1, oracle=True, seed=1)
     samples = np.full((30, 8), 100.0)
     samples[7] = 3000.0
-    est = LengthEstimate(median=np.median(samples, 1), group_max=samples.max(1), sigma=np.zeros(30),
-                         p_trunc=np.zeros(30), has_history=np.ones(30, bool), estimator="oracle", samples=samples)
-    p = PlanningProblem(prompts=p.prompts, estimate=est, instances=1, spec=InstanceSpec(slots=16), minibatch=4,
-                        cost=p.cost, max_new_tokens=p.max_new_tokens)
+    p = planning_problem(p.prompts, oracle_estimate(samples), instances=1, slots=16, minibatch=4, cost=p.cost,
+                         max_new_tokens=p.max_new_tokens)
     gm = group_moments(p)
     for eps in (0.0, 0.2):
         order, due = order_instance(np.arange(30), gm, 16, eps)
@@ -246,7 +221,7 @@ def test_stratified_tags_have_one_group_per_length_class():
 
 
 def test_asp_tags_are_stratified_and_params_recorded():
-    p = make_problem(64, m=4, minibatch=8)
+    p = skewed_problem(64, m=4, minibatch=8)
     a = get_planner("asp")(p, np.random.default_rng(0))
     assert (a.minibatch >= 0).all() and np.bincount(a.minibatch).tolist() == [8] * 8
     for key in ("theta", "eps", "eps_base", "order_rule", "scenarios", "n_tail"):
@@ -258,7 +233,7 @@ def test_asp_and_kk_beat_dataset_order_on_true_lengths():
     # A loose lag bound: ASP scores end-to-end time in the problem's regime, and only when the lag bound does
     # not gate dispatch is that time the rollout makespan this test measures (at max_lag 1 and rho 1 the
     # simulator ranks sorted_asc's plan first by e2e, whose fluid makespan is not 10% below round_robin's).
-    p = replace(make_problem(400, m=8, oracle=True, seed=11), max_lag=99)
+    p = replace(skewed_problem(400, m=8, oracle=True, seed=11), max_lag=99)
     truth = p.estimate.samples[None]
     lb = rollout_lower_bound(group_moments(p), 8, p.cost)
     res = {}
@@ -271,10 +246,8 @@ def test_asp_and_kk_beat_dataset_order_on_true_lengths():
 
 
 def test_cost_model_drives_the_work_estimate():
-    p = make_problem(50)
-    heavy_kv = PlanningProblem(prompts=p.prompts, estimate=p.estimate, instances=p.instances, spec=p.spec,
-                               minibatch=p.minibatch, cost=CostModel(a=0.0, b=0.0, c=1.0, p=0.0),
-                               max_new_tokens=p.max_new_tokens)
+    p = skewed_problem(50)
+    heavy_kv = replace(p, cost=CostModel(a=0.0, b=0.0, c=1.0, p=0.0))
     w1, w2 = group_moments(p).work, group_moments(heavy_kv).work
     assert not np.allclose(w1 / w1.sum(), w2 / w2.sum())
 
@@ -284,49 +257,37 @@ def test_selection_scores_candidates_with_the_event_simulator_on_a_subsample(mon
     from mindspeed_asp.scheduler import asp_planner
     from mindspeed_asp.scheduler.asp_planner import SCOPES, SELECT_GROUPS
 
-    small = get_planner("asp")(make_problem(120, m=4, minibatch=8), np.random.default_rng(0))
+    small = get_planner("asp")(skewed_problem(120, m=4, minibatch=8), np.random.default_rng(0))
     assert small.params["selection"] == 2.0 and small.params["selection_groups"] == 120
     assert small.params["candidates"] >= 4 and small.params["selection_scope"] == SCOPES["full"]
     # over the whole-window budget: the subsample ranks, its best few are re-scored on the whole window
     monkeypatch.setattr(asp_planner, "SIM_SEQ_FULL", SELECT_GROUPS * 3 * 8 * 6 * 3)  # 3 x (2 + 4 scenarios)
-    big = get_planner("asp")(make_problem(SELECT_GROUPS * 3, m=6, minibatch=8), np.random.default_rng(0))
+    big = get_planner("asp")(skewed_problem(SELECT_GROUPS * 3, m=6, minibatch=8), np.random.default_rng(0))
     assert big.params["selection_groups"] == SELECT_GROUPS
     assert big.params["selection_scope"] == SCOPES["subsample+full_top"]
     big.validate(SELECT_GROUPS * 3)
     monkeypatch.setattr(asp_planner, "SIM_SEQ_FULL", 1000)  # not even that: the subsample's winner plans
-    big = get_planner("asp")(make_problem(SELECT_GROUPS * 3, m=6, minibatch=8), np.random.default_rng(0))
+    big = get_planner("asp")(skewed_problem(SELECT_GROUPS * 3, m=6, minibatch=8), np.random.default_rng(0))
     assert big.params["selection_scope"] == SCOPES["subsample"]
     big.validate(SELECT_GROUPS * 3)
 
 
 def test_scenarios_use_the_measured_prediction_error():
-    p = make_problem(400)
-    wide = PlanningProblem(prompts=p.prompts, estimate=LengthEstimate(
-        median=p.estimate.median, group_max=p.estimate.group_max, sigma=np.zeros(400), p_trunc=p.estimate.p_trunc,
-        has_history=p.estimate.has_history, estimator="history", params={"pred_log_error": 1.0}),
-        instances=4, spec=p.spec, minibatch=4, cost=p.cost, max_new_tokens=p.max_new_tokens)
-    narrow = PlanningProblem(prompts=p.prompts, estimate=LengthEstimate(
-        median=p.estimate.median, group_max=p.estimate.group_max, sigma=np.zeros(400), p_trunc=p.estimate.p_trunc,
-        has_history=p.estimate.has_history, estimator="history", params={"pred_log_error": 0.1}),
-        instances=4, spec=p.spec, minibatch=4, cost=p.cost, max_new_tokens=p.max_new_tokens)
+    p = skewed_problem(400)
+    wide, narrow = (replace(p, estimate=replace(p.estimate, sigma=np.zeros(400), params={"pred_log_error": err}))
+                    for err in (1.0, 0.1))
     spread = [np.log(scenarios.sample_scenarios(q, 4, np.random.default_rng(0))[..., 0]
                      / q.estimate.median[None]).std() for q in (wide, narrow)]
     assert 0.8 < spread[0] < 1.2 and spread[1] < 0.2
-    oracle = make_problem(30, oracle=True)
+    oracle = skewed_problem(30, oracle=True)
     assert scenarios.sample_scenarios(oracle, 5, np.random.default_rng(0)).shape == (1, 30, 8)
 
 
 def test_fifo_is_dataset_order_dealt_round_robin():
-    from mindspeed_asp.scheduler.planners import get_planner
-    from mindspeed_asp.core.problem import (CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
-                                               PromptSet)
     G, m = 10, 3
-    prompts = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(G)], dtype=object),
-                        prompt_lens=np.full(G, 8), n=2)
-    est = LengthEstimate(median=np.linspace(10, 100, G), group_max=np.linspace(20, 200, G), sigma=np.full(G, .3),
-                         p_trunc=np.zeros(G), has_history=np.ones(G, bool))
-    problem = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=4), minibatch=2,
-                              cost=CostModel(), max_new_tokens=256)
+    est = length_estimate(np.linspace(10, 100, G), np.linspace(20, 200, G), sigma=.3)
+    problem = planning_problem(prompt_set(np.full(G, 8), 2, prefix="p"), est, instances=m, slots=4, minibatch=2,
+                               max_new_tokens=256)
     a = get_planner("fifo")(problem, np.random.default_rng(0))
     assert [list(o) for o in a.orders] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
     assert a.planner == "fifo"

@@ -5,13 +5,14 @@ import pytest
 from mindspeed_asp.scheduler import scenarios
 from mindspeed_asp.scheduler.estimators import HistoryEstimator
 from mindspeed_asp.scheduler.history import LengthHistory
-from mindspeed_asp.core.problem import CostModel, InstanceSpec, PlanningProblem, PromptSet, ResidualPool
+from mindspeed_asp.core.problem import LengthEstimate, PlanningProblem, PromptSet, ResidualPool
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
+from factories import planning_problem
 
-def _problem(prompts: PromptSet, est, cap: int) -> PlanningProblem:
-    return PlanningProblem(prompts=prompts, estimate=est, instances=4, spec=InstanceSpec(slots=32), minibatch=8,
-                           cost=CostModel(), max_new_tokens=cap)
+
+def _problem(prompts: PromptSet, est: LengthEstimate, cap: int) -> PlanningProblem:
+    return planning_problem(prompts, est, instances=4, slots=32, minibatch=8, max_new_tokens=cap)
 
 
 def test_pool_subset_keeps_each_rows_samples_and_weights():

@@ -11,17 +11,15 @@ from mindspeed_asp.sim import bounds as mx
 from mindspeed_asp.sim.engine import simulate_instances
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import TrainerModel
-from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel, InstanceSpec, PlanningProblem
+
+from factories import oracle_estimate, planning_problem, prompt_set
 
 
 def oracle_problem(L: np.ndarray, P: np.ndarray, m: int, spec: InstanceSpec, cost: CostModel) -> PlanningProblem:
-    G = len(L)
-    est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
-                         has_history=np.ones(G, bool), estimator="oracle", samples=L.astype(np.float64))
-    prompts = PromptSet(prompt_ids=np.array([f"b{g}" for g in range(G)], dtype=object), prompt_lens=P,
-                        n=L.shape[1])
-    return PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=spec, minibatch=2, cost=cost,
-                           max_new_tokens=int(L.max()), seed=0)
+    return planning_problem(prompt_set(P, L.shape[1], prefix="b"), oracle_estimate(L), instances=m,
+                            slots=spec.slots, kv_budget=spec.kv_budget, minibatch=2, cost=cost,
+                            max_new_tokens=int(L.max()), seed=0)
 
 
 def test_anchor_term_by_hand():

@@ -1,34 +1,35 @@
 """The simulated pipeline: lag bound, modes, lower bounds never beaten, oracle vs estimated twin."""
+from typing import Optional, Tuple
+
 import numpy as np
 import pytest
 
-from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
-                                           PromptSet)
+from mindspeed_asp.core.problem import Assignment, CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim.pipeline import simulate_pipeline
-from mindspeed_asp.sim.train_time import TrainerModel, alpha_for_rho, group_tokens, trainer_for_rho
-from mindspeed_asp.sim.bounds import lower_bounds
+from mindspeed_asp.sim.train_time import TrainerModel, alpha_for_rho, group_tokens
+
+from factories import length_estimate, planning_problem, prompt_set, rho_trainer
 
 
-def make_case(G=96, n=4, m=3, seed=0, median=200.0, slots=16, estimate_noise=None):
+def make_case(G: int = 96, n: int = 4, m: int = 3, seed: int = 0, median: float = 200.0, slots: int = 16,
+              estimate_noise: Optional[float] = None) -> Tuple[PlanningProblem, np.ndarray]:
+    """A lognormal window and its true lengths; the estimate is the truth, or the truth times a per-group
+    lognormal error of `estimate_noise` (the estimated twin of the same window)."""
     rng = np.random.default_rng(seed)
     L = np.clip(np.exp(rng.normal(np.log(median), 0.9, (G, 1)) + rng.normal(0, 0.5, (G, n))), 1, 4000).astype(int)
     P = rng.integers(10, 100, G)
     est_len = L.astype(float)
     if estimate_noise is not None:
         est_len = est_len * np.exp(rng.normal(0, estimate_noise, (G, 1)))
-    prompts = PromptSet(prompt_ids=np.array([str(i) for i in range(G)], dtype=object), prompt_lens=P, n=n)
-    est = LengthEstimate(median=np.median(est_len, 1), group_max=est_len.max(1), sigma=np.full(G, 0.5),
-                         p_trunc=np.zeros(G), has_history=np.ones(G, bool),
-                         estimator="oracle" if estimate_noise is None else "noisy",
-                         samples=est_len if estimate_noise is None else None)
-    prob = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=slots), minibatch=8,
-                           cost=CostModel(), max_new_tokens=4000)
+    est = length_estimate(np.median(est_len, 1), est_len.max(1), sigma=0.5,
+                          estimator="oracle" if estimate_noise is None else "noisy",
+                          samples=est_len if estimate_noise is None else None)
+    prob = planning_problem(prompt_set(P, n), est, instances=m, slots=slots, minibatch=8, max_new_tokens=4000)
     return prob, L
 
 
-def trainer(prob, L, rho=1.0, M=8):
-    ref = lower_bounds(L, prob.prompts.prompt_lens, prob.instances, prob.spec, prob.cost)["rollout/R_LB"]
-    return trainer_for_rho(rho, L, prob.prompts.prompt_lens, ref, M)
+def trainer(prob: PlanningProblem, L: np.ndarray, rho: float = 1.0) -> TrainerModel:
+    return rho_trainer(prob, L, rho)[0]
 
 
 def random_assignment(G, m, rng, name="random"):
@@ -252,12 +253,9 @@ def test_lag_budget_is_dealt_one_group_at_a_time_to_the_least_loaded_instance(di
     G, n, m = 32, 4, 2
     L = np.full((G, n), 50)
     P = np.full(G, 10)
-    prompts = PromptSet(prompt_ids=np.array([str(i) for i in range(G)], dtype=object), prompt_lens=P, n=n)
-    est = LengthEstimate(median=np.full(G, 50.0), group_max=np.full(G, 50.0), sigma=np.full(G, 0.5),
-                         p_trunc=np.zeros(G), has_history=np.ones(G, bool), estimator="oracle",
-                         samples=L.astype(float))
-    prob = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=32), minibatch=8,
-                           cost=CostModel(), max_new_tokens=4000)
+    est = length_estimate(np.full(G, 50.0), np.full(G, 50.0), sigma=0.5, estimator="oracle",
+                          samples=L.astype(float))
+    prob = planning_problem(prompt_set(P, n), est, instances=m, slots=32, minibatch=8, max_new_tokens=4000)
     asg = Assignment(orders=[np.arange(0, 16), np.arange(16, 32)], minibatch=np.full(G, -1), planner="halves")
     res = simulate_pipeline(prob, asg, L, mode="stream", max_lag=0, trainer=TrainerModel(1e-4, 0.01, 8),
                             dispatch=dispatch, work_stealing=steal)

@@ -9,22 +9,24 @@ metrics finite, and never end its rollout below the rollout lower bound R_LB (do
 from __future__ import annotations
 
 import itertools
+from typing import Tuple
 
 import numpy as np
 import pytest
 
 from mindspeed_asp.scheduler.planners import PLANNERS, get_planner, needs_oracle
-from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import STALE_POLICIES, simulate_pipeline
-from mindspeed_asp.sim.train_time import trainer_for_rho
-from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.sim.train_time import TrainerModel
+from mindspeed_asp.core.problem import CostModel, PlanningProblem
+
+from factories import length_estimate, oracle_estimate, planning_problem, prompt_set, rho_trainer
 
 COST = CostModel(a=0.030, b=1e-4, c=6e-8, p=1e-4)
 KV_LEVELS = ("none", "tight", "loose")
 RUN_PLANNERS = tuple(n for n in PLANNERS if not needs_oracle(n)) + ("oracle_asp",)
 
 
-def make_case(seed: int, kv_level: str, oracle: bool):
+def make_case(seed: int, kv_level: str, oracle: bool) -> Tuple[PlanningProblem, np.ndarray, TrainerModel, float]:
     """A small random window: G groups of n samples, lognormal lengths with a few long outliers."""
     rng = np.random.default_rng(seed)
     G, n, m, B = int(rng.integers(10, 24)), int(rng.choice([2, 4])), int(rng.integers(2, 5)), int(rng.choice([4, 8]))
@@ -36,21 +38,17 @@ def make_case(seed: int, kv_level: str, oracle: bool):
     typical = int(np.median(P[:, None] + L))
     kv = {"none": None, "tight": max(worst, 2 * typical), "loose": max(worst, B * typical)}[kv_level]
     if oracle:
-        est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
-                             has_history=np.ones(G, bool), estimator="oracle", samples=L.astype(np.float64))
+        est = oracle_estimate(L)
     else:
         noisy = np.median(L, 1) * rng.lognormal(0, 0.4, G)
-        est = LengthEstimate(median=noisy, group_max=np.minimum(2 * noisy, cap), sigma=np.full(G, 0.5),
-                             p_trunc=np.zeros(G), has_history=np.ones(G, bool), estimator="history")
+        est = length_estimate(noisy, np.minimum(2 * noisy, cap), sigma=0.5, estimator="history")
     M = int(rng.integers(2, 6))
     max_lag = int(rng.integers(0, 3))
-    prompts = PromptSet(prompt_ids=np.array([f"r{g}" for g in range(G)], dtype=object), prompt_lens=P, n=n)
-    spec = InstanceSpec(slots=B, kv_budget=kv)
     rho = float(rng.choice([0.3, 1.0, 1.5]))
-    problem = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=spec, minibatch=M, cost=COST,
-                              max_new_tokens=cap, rho=rho, seed=seed, max_lag=max_lag, work_stealing=True)
-    r_lb = lower_bounds(L, P, m, spec, COST)["rollout/R_LB"]
-    return problem, L, trainer_for_rho(rho, L, P, r_lb, M), r_lb
+    problem = planning_problem(prompt_set(P, n, prefix="r"), est, instances=m, slots=B, kv_budget=kv, minibatch=M,
+                               cost=COST, max_new_tokens=cap, rho=rho, seed=seed, max_lag=max_lag, work_stealing=True)
+    trainer, r_lb = rho_trainer(problem, L, rho)
+    return problem, L, trainer, r_lb
 
 
 @pytest.mark.parametrize("policy,kv_level", list(itertools.product(STALE_POLICIES, KV_LEVELS)))

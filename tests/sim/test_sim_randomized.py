@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from mindspeed_asp.scheduler.planners import get_planner
-from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import CostModel, InstanceSpec
 from mindspeed_asp.sim import pipeline as pipeline_mod
 from mindspeed_asp.sim.engine import INF, InstanceSim
-from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import STALE_POLICIES, simulate_pipeline
-from mindspeed_asp.sim.train_time import trainer_for_rho
+
+from factories import length_estimate, planning_problem, prompt_set, rho_trainer
 
 COST = CostModel(a=0.030, b=1e-4, c=6e-8, p=1e-4)  # the cost file of the user's report
 KV_LEVELS = ("none", "tight", "loose")
@@ -178,20 +178,16 @@ def make_case(i, policy, kv_level, max_lag):
                 1, 800).astype(np.int64)
     P = rng.integers(8, 80, G).astype(np.int64)
     est = L.astype(float) * np.exp(rng.normal(0, 0.4, (G, 1)))
-    estimate = LengthEstimate(median=np.median(est, 1), group_max=est.max(1), sigma=np.full(G, 0.5),
-                              p_trunc=np.zeros(G), has_history=np.ones(G, bool), estimator="noisy")
+    estimate = length_estimate(np.median(est, 1), est.max(1), sigma=0.5, estimator="noisy")
     max_new = int(L.max())
     worst = int(P.max()) + max_new
     typical = float(np.median(P[:, None] + L))
     kv_policy = "reserve" if kv_level != "none" and rng.random() < 0.2 else "preempt"
-    spec = InstanceSpec(slots=slots, kv_budget=kv_budget(kv_level, worst, slots, typical))
     rho = float(rng.choice([0.3, 1.0, 2.0]))
-    prob = PlanningProblem(prompts=PromptSet(prompt_ids=np.array([str(g) for g in range(G)], dtype=object),
-                                             prompt_lens=P, n=n),
-                           estimate=estimate, instances=m, spec=spec, minibatch=M, cost=COST, max_new_tokens=max_new,
-                           rho=rho, seed=i, max_lag=max_lag, work_stealing=True)
-    r_lb = lower_bounds(L, P, m, spec, COST)["rollout/R_LB"]
-    trainer = trainer_for_rho(rho, L, P, r_lb, M, overhead=float(rng.choice([0.0, 0.05])))
+    prob = planning_problem(prompt_set(P, n), estimate, instances=m, slots=slots,
+                            kv_budget=kv_budget(kv_level, worst, slots, typical), minibatch=M, cost=COST,
+                            max_new_tokens=max_new, rho=rho, seed=i, max_lag=max_lag, work_stealing=True)
+    trainer, _ = rho_trainer(prob, L, rho, overhead=float(rng.choice([0.0, 0.05])))
     name, _, mode = planner.partition("@")
     sim = dict(mode=mode or "stream", max_lag=max_lag, trainer=trainer, stale_policy=policy, kv_policy=kv_policy,
                sync_time=float(rng.choice([0.0, 0.2, 1.0])), work_stealing=None if rng.random() < 0.8 else False)

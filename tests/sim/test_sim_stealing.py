@@ -5,23 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mindspeed_asp.core.problem import (Assignment, CostModel, InstanceSpec, LengthEstimate, PlanningProblem,
-                                           PromptSet)
+from mindspeed_asp.core.problem import Assignment, CostModel, InstanceSpec, PlanningProblem
 from mindspeed_asp.sim.engine import simulate_instances
 from mindspeed_asp.sim.pipeline import simulate_pipeline
 from mindspeed_asp.sim.train_time import trainer_for_rho
+
+from factories import length_estimate, planning_problem, prompt_set
 
 COST = CostModel(a=1e-2, b=1e-4, c=1e-7)
 
 
 def problem(G: int, n: int, m: int, slots: int, lengths: np.ndarray) -> PlanningProblem:
-    med = np.median(lengths, axis=1).astype(np.float64)
-    est = LengthEstimate(median=med, group_max=lengths.max(axis=1).astype(np.float64), sigma=np.zeros(G),
-                         p_trunc=np.zeros(G), has_history=np.ones(G, dtype=bool), estimator="test")
-    prompts = PromptSet(prompt_ids=np.array([str(i) for i in range(G)], dtype=object),
-                        prompt_lens=np.full(G, 16, dtype=np.int64), n=n)
-    return PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots=slots),
-                           minibatch=4, cost=COST, max_new_tokens=int(lengths.max()))
+    """`lengths` as a point estimate (median and max, no samples) on prompts of 16 tokens."""
+    est = length_estimate(np.median(lengths, axis=1).astype(np.float64), lengths.max(axis=1).astype(np.float64),
+                          estimator="test")
+    return planning_problem(prompt_set(np.full(G, 16, dtype=np.int64), n), est, instances=m, slots=slots,
+                            minibatch=4, cost=COST, max_new_tokens=int(lengths.max()))
 
 
 def test_idle_instance_steals_from_the_tail_and_halves_a_one_sided_plan():

@@ -1,7 +1,5 @@
 """Workloads: synthetic generator statistics and seeding, trace loaders, prompt datasets, workload specs."""
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +10,7 @@ from mindspeed_asp.workloads.spec import workload_from_spec
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload, tail_statistics
 from mindspeed_asp.workloads.traces import load_alpaca, load_splitwise
 
-
-def shared_data() -> Path:
-    env = os.environ.get("ASP_SHARED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-
+from factories import shared_data
 
 DATA = shared_data()
 ALPACA = DATA / "alpaca-train-10k-length.json"
