@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -70,19 +70,23 @@ def shared_data() -> Path:
 
 # ------------------------------------------------------------------------------------------ planning problems
 def prompt_set(prompt_lens: np.ndarray, n: int, *, prefix: str = "", ids: Optional[Iterable[Any]] = None,
-               origin: str = "") -> PromptSet:
-    """A window's prompts named `{prefix}{id}` (ids default to 0..G-1): tests only need distinct, readable ids."""
+               origin: str = "", sources: Optional[np.ndarray] = None) -> PromptSet:
+    """A window's prompts named `{prefix}{id}` (ids default to 0..G-1): tests only need distinct, readable ids.
+    `sources` (none by default) is for the cold-start tests, whose feature is the prompt's data source."""
     keys = range(len(prompt_lens)) if ids is None else ids
     return PromptSet(prompt_ids=np.array([f"{prefix}{k}" for k in keys], dtype=object), prompt_lens=prompt_lens,
-                     n=n, origin=origin)
+                     n=n, sources=sources, origin=origin)
 
 
 def length_estimate(median: np.ndarray, group_max: np.ndarray, *, sigma: float = 0.0,
-                    samples: Optional[np.ndarray] = None, estimator: str = "") -> LengthEstimate:
-    """A prediction every group has history for, nothing truncated: tests vary only the lengths and the spread."""
+                    samples: Optional[np.ndarray] = None, estimator: str = "",
+                    params: Optional[Dict[str, float]] = None) -> LengthEstimate:
+    """A prediction every group has history for, nothing truncated: tests vary only the lengths and the spread.
+    `params` (empty by default) is for the tests of what a plan file records of its estimator."""
     G = len(median)
     return LengthEstimate(median=median, group_max=group_max, sigma=np.full(G, float(sigma)), p_trunc=np.zeros(G),
-                          has_history=np.ones(G, dtype=bool), estimator=estimator, samples=samples)
+                          has_history=np.ones(G, dtype=bool), estimator=estimator,
+                          params={} if params is None else params, samples=samples)
 
 
 def oracle_estimate(lengths: np.ndarray, estimator: str = "oracle") -> LengthEstimate:

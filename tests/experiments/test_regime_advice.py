@@ -14,11 +14,9 @@ from mindspeed_asp.experiments.advice import (SCENARIO_SEED, SLOWER_TOLERANCE, L
                                               regime_advice)
 from mindspeed_asp.scheduler.planners import get_planner
 from mindspeed_asp.scheduler.scenarios import sample_scenarios
-from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
-from mindspeed_asp.sim.train_time import trainer_for_rho
 
-from factories import base_args, write_inputs
+from factories import base_args, rho_trainer, write_inputs
 
 SMALL = "synthetic:prompts=96,n=4,regime=small"
 
@@ -42,9 +40,7 @@ def test_advice_figures_are_the_simulators_on_the_estimates_scenario():
     assert adv.minibatches == K and [p.max_lag for p in adv.points] == lag_points(K, 1)
     # recompute the stock pipeline and max_lag 2 independently
     L = np.rint(sample_scenarios(problem, 1, np.random.default_rng(SCENARIO_SEED))[0]).astype(np.int64)
-    P = np.asarray(problem.prompts.prompt_lens)
-    r_lb = lower_bounds(L, P, problem.instances, problem.spec, problem.cost)["rollout/R_LB"]
-    tr = trainer_for_rho(problem.rho, L, P, r_lb, problem.minibatch)
+    tr, r_lb = rho_trainer(problem, L, problem.rho)
     stock = simulate_pipeline(problem, get_planner("stock")(problem, np.random.default_rng(problem.seed)), L,
                               mode="stock", trainer=tr, work_stealing=False, with_bounds=False)
     assert adv.stock_e2e_s == pytest.approx(stock.metrics["time/iteration"])

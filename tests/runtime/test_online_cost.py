@@ -7,6 +7,8 @@ import pytest
 from mindspeed_asp.runtime.online_cost import OnlineCostFit, RhoMeter
 from mindspeed_asp.core.problem import CostModel
 
+from factories import prompt_set
+
 TRUE = CostModel(a=5e-3, b=1e-4, c=2e-7, p=1e-5, source="truth")
 CONFIGURED = CostModel(a=1.0, b=0.0, c=0.0, p=0.0, source="configured")
 
@@ -88,11 +90,9 @@ def test_rho_meter_refuses_bad_input():
 def test_window_planner_plans_later_windows_with_the_fitted_cost_and_measured_rho():
     from mindspeed_asp.config import AspSection
     from mindspeed_asp.runtime.replan import WindowPlanner
-    from mindspeed_asp.core.problem import PromptSet
 
     P = 16
-    prompts = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(P)], dtype=object),
-                        prompt_lens=np.full(P, 12, dtype=np.int64), n=4)
+    prompts = prompt_set(np.full(P, 12, dtype=np.int64), 4, prefix="p")
     asp = AspSection(instances=2, slots=16, minibatch_groups=4, max_lag=1, planner="lpt")
     wp = WindowPlanner(asp, prompts, max_new_tokens=64, instances=2, seed=0)
     first = wp.plan(list(range(8)))

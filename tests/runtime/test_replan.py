@@ -8,10 +8,12 @@ from mindspeed_asp.runtime.replan import WindowPlanner
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.core.problem import PromptSet
 
+from factories import prompt_set
 
-def prompts(P=16, n=4):
-    return PromptSet(prompt_ids=np.array([f"p{i}" for i in range(P)], dtype=object),
-                     prompt_lens=np.full(P, 6, dtype=np.int64), n=n)
+
+def prompts(P: int = 16, n: int = 4) -> PromptSet:
+    """`P` prompts `p0..` of 6 tokens: the replanning tests vary the lengths they observe, not the prompts."""
+    return prompt_set(np.full(P, 6, dtype=np.int64), n, prefix="p")
 
 
 def test_next_window_uses_observed_lengths(tmp_path):

@@ -14,10 +14,10 @@ from mindspeed_asp.core.fluid import group_moments
 from mindspeed_asp.scheduler import asp_planner
 from mindspeed_asp.scheduler.asp_planner import SCOPES, dominant_groups, isolate_balance
 from mindspeed_asp.scheduler.planners import get_planner
-from mindspeed_asp.sim.bounds import lower_bounds
 from mindspeed_asp.sim.pipeline import simulate_pipeline
-from mindspeed_asp.sim.train_time import trainer_for_rho
-from mindspeed_asp.core.problem import CostModel, InstanceSpec, LengthEstimate, PlanningProblem, PromptSet
+from mindspeed_asp.core.problem import InstanceSpec, PlanningProblem
+
+from factories import length_estimate, oracle_estimate, planning_problem, prompt_set, rho_trainer
 
 BASELINES = ("sorted_desc", "lpt", "verl_kk", "round_robin", "fifo", "sorted_asc", "least_loaded")
 
@@ -29,21 +29,16 @@ def window(G: int, seed: int, *, m: int = 4, slots: int = 16, n: int = 4, median
     mu = rng.lognormal(np.log(median), 1.0, G)
     L = np.clip(np.rint(mu[:, None] * rng.lognormal(0, 0.6, (G, n))), 1, cap)
     P = rng.integers(20, 200, G)
-    est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
-                         has_history=np.ones(G, bool), estimator="oracle", samples=L)
-    prompts = PromptSet(prompt_ids=np.array([f"w{g}" for g in range(G)], dtype=object), prompt_lens=P, n=n)
-    p = PlanningProblem(prompts=prompts, estimate=est, instances=m, spec=InstanceSpec(slots, kv_budget),
-                        minibatch=minibatch, cost=CostModel(), max_new_tokens=cap, rho=rho, seed=seed,
-                        max_lag=max_lag, work_stealing=True)
+    p = planning_problem(prompt_set(P, n, prefix="w"), oracle_estimate(L), instances=m, slots=slots,
+                         minibatch=minibatch, max_new_tokens=cap, kv_budget=kv_budget, rho=rho, seed=seed,
+                         max_lag=max_lag, work_stealing=True)
     return p, L.astype(np.int64)
 
 
 def e2e(problem: PlanningProblem, L: np.ndarray, name: str) -> float:
     """Simulated e2e time of `name`'s plan, as a comparison runs it (trainer from rho and the true R_LB,
     every planner given np.random.default_rng(seed))."""
-    P = np.asarray(problem.prompts.prompt_lens)
-    r_lb = lower_bounds(L, P, problem.instances, problem.spec, problem.cost)["rollout/R_LB"]
-    tr = trainer_for_rho(problem.rho, L, P, r_lb, problem.minibatch)
+    tr, _ = rho_trainer(problem, L, problem.rho)
     a = get_planner(name)(problem, np.random.default_rng(problem.seed))
     return simulate_pipeline(problem, a, L, mode="stream", max_lag=problem.max_lag, trainer=tr,
                              work_stealing=problem.work_stealing).metrics["time/iteration"]
@@ -94,11 +89,8 @@ def test_isolation_gives_a_dominant_group_its_own_instance():
     L = np.clip(np.rint(rng.lognormal(np.log(13), 0.7, (G, n))), 1, 2000)
     L[17, :] = np.clip(rng.normal(1500, 200, n), 1, 1900)
     P = rng.integers(100, 600, G)
-    est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
-                         has_history=np.ones(G, bool), estimator="oracle", samples=L)
-    p = PlanningProblem(prompts=PromptSet(prompt_ids=np.array([str(g) for g in range(G)], dtype=object),
-                                          prompt_lens=P, n=n), estimate=est, instances=8,
-                        spec=InstanceSpec(slots=64), minibatch=16, cost=CostModel(), max_new_tokens=2000, seed=0)
+    p = planning_problem(prompt_set(P, n), oracle_estimate(L), instances=8, slots=64, minibatch=16,
+                         max_new_tokens=2000, seed=0)
     gm = group_moments(p)
     assert dominant_groups(gm, p).tolist() == [17]
     owner, info = isolate_balance(gm, p)
@@ -119,12 +111,11 @@ def test_an_isolated_dominant_group_lets_the_rollout_reach_the_solo_bound(seed):
     G, n = 400, 8
     L = np.clip(np.rint(rng.lognormal(np.log(13), 0.7, (G, n))), 1, 2000).astype(np.int64)
     L[17, :] = np.clip(rng.normal(1500, 200, n), 1, 1900)
-    est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
-                         has_history=np.ones(G, bool), estimator="oracle", samples=L)
-    p = PlanningProblem(prompts=PromptSet(prompt_ids=np.array([str(g) for g in range(G)], dtype=object),
-                                          prompt_lens=rng.integers(100, 600, G), n=n), estimate=est, instances=8,
-                        spec=InstanceSpec(slots=64), minibatch=16, cost=CostModel(), max_new_tokens=2000, seed=0,
-                        rho=0.1, max_lag=10 ** 6, work_stealing=True)  # rollout only: no lag gate
+    # the lengths are int64 here, and so are the estimate's samples (oracle_estimate would make them float64)
+    est = length_estimate(np.median(L, 1), L.max(1), samples=L, estimator="oracle")
+    p = planning_problem(prompt_set(rng.integers(100, 600, G), n), est, instances=8, slots=64, minibatch=16,
+                         max_new_tokens=2000, seed=0, rho=0.1, max_lag=10 ** 6,
+                         work_stealing=True)  # rollout only: no lag gate
     a = get_planner("asp")(p, np.random.default_rng(0))
     assert 17 in a.isolated.tolist()
     trainer = TrainerModel(alpha=0.0, overhead=0.0, minibatch=16)
@@ -143,11 +134,8 @@ def test_isolation_takes_at_most_one_dominant_group_per_instance():
     L = np.clip(np.rint(rng.lognormal(np.log(13), 0.7, (G, n))), 1, 2000)
     outliers = np.arange(20, 32)
     L[outliers, :] = np.linspace(1800, 1200, len(outliers))[:, None]
-    est = LengthEstimate(median=np.median(L, 1), group_max=L.max(1), sigma=np.zeros(G), p_trunc=np.zeros(G),
-                         has_history=np.ones(G, bool), estimator="oracle", samples=L)
-    p = PlanningProblem(prompts=PromptSet(prompt_ids=np.array([str(g) for g in range(G)], dtype=object),
-                                          prompt_lens=np.full(G, 300), n=n), estimate=est, instances=m,
-                        spec=InstanceSpec(slots=64), minibatch=16, cost=CostModel(), max_new_tokens=2000, seed=0)
+    p = planning_problem(prompt_set(np.full(G, 300), n), oracle_estimate(L), instances=m, slots=64, minibatch=16,
+                         max_new_tokens=2000, seed=0)
     gm = group_moments(p)
     dom = dominant_groups(gm, p)
     assert dom.tolist() == outliers[:m].tolist()

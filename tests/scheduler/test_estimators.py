@@ -8,10 +8,9 @@ from mindspeed_asp.scheduler.estimators import (ColdStartEstimator, HistoryEstim
                                                 _weighted_median, group_max_quantile, make_estimator)
 from mindspeed_asp.scheduler.history import LengthHistory
 from mindspeed_asp.scheduler.length_metrics import evaluate
-from mindspeed_asp.core.problem import PromptSet
 from mindspeed_asp.workloads.synthetic import SyntheticRLWorkload
 
-from factories import shared_data
+from factories import prompt_set, shared_data
 
 ALPACA = shared_data() / "alpaca-train-10k-length.json"
 
@@ -95,8 +94,8 @@ def test_cold_start_uses_prompt_length_and_source():
     rng = np.random.default_rng(4)
     plen = rng.integers(10, 2000, G)
     src = np.array(["short", "long"], dtype=object)[np.arange(G) % 2]
-    ids = np.array([f"c{i}" for i in range(G)], dtype=object)
-    prompts = PromptSet(ids, plen, n=4, sources=src)
+    prompts = prompt_set(plen, 4, prefix="c", sources=src)
+    ids = prompts.prompt_ids
     base = 50 * plen ** 0.5 * np.where(src == "long", 3.0, 1.0)
     hist = LengthHistory()
     hist.add_epoch(ids, 0, np.rint(base[:, None] * np.exp(0.2 * rng.normal(size=(G, 4)))))
@@ -108,7 +107,7 @@ def test_cold_start_uses_prompt_length_and_source():
 
 
 def test_no_history_at_all_uses_prior():
-    prompts = PromptSet(np.array(["a", "b"], dtype=object), np.array([5, 9]), n=8)
+    prompts = prompt_set(np.array([5, 9]), 8, ids=["a", "b"])
     for est in (HistoryEstimator().estimate(prompts, None, 1024),
                 HistoryEstimator().estimate(prompts, LengthHistory(), 1024)):
         assert not est.has_history.any()
@@ -117,8 +116,8 @@ def test_no_history_at_all_uses_prior():
 
 
 def test_clipping_and_truncation_probability():
-    ids = np.array(["capped", "short"], dtype=object)
-    prompts = PromptSet(ids, np.array([10, 10]), n=8)
+    prompts = prompt_set(np.array([10, 10]), 8, ids=["capped", "short"])
+    ids = prompts.prompt_ids
     hist = LengthHistory()
     hist.add_epoch(ids, 0, np.array([[1000] * 8, [10, 12, 9, 11, 10, 13, 8, 10]]))
     hist.add_epoch(ids, 1, np.array([[1000] * 7 + [900], [10, 11, 9, 12, 10, 10, 9, 11]]))
@@ -129,8 +128,8 @@ def test_clipping_and_truncation_probability():
 
 
 def test_recency_weighting_prefers_recent_epochs():
-    ids = np.array(["x"], dtype=object)
-    prompts = PromptSet(ids, np.array([1]), n=4)
+    prompts = prompt_set(np.array([1]), 4, ids=["x"])
+    ids = prompts.prompt_ids
     hist = LengthHistory()
     for e, v in enumerate([100, 100, 100, 400]):
         hist.add_epoch(ids, e, np.full((1, 4), v))

@@ -11,16 +11,16 @@ from mindspeed_asp import __version__
 from mindspeed_asp.errors import InputError, PlanMismatchError
 from mindspeed_asp.scheduler.build import build_plan, iteration_starts
 from mindspeed_asp.scheduler.plan_file import META_KEY, SCHEMA_VERSION, DispatchPlan, load_plan
-from mindspeed_asp.core.problem import CostModel, LengthEstimate, PromptSet
+from mindspeed_asp.core.problem import CostModel
+
+from factories import length_estimate, planning_problem, prompt_set
 
 
 def dataset(G: int = 50, n: int = 4, seed: int = 0):
     rng = np.random.default_rng(seed)
-    prompts = PromptSet(prompt_ids=np.array([f"id-{i}" for i in range(G)], dtype=object),
-                        prompt_lens=rng.integers(10, 200, G), n=n, origin="train.jsonl")
+    prompts = prompt_set(rng.integers(10, 200, G), n, prefix="id-", origin="train.jsonl")
     med = rng.lognormal(5, 0.8, G)
-    est = LengthEstimate(median=med, group_max=med * 1.8, sigma=np.full(G, 0.4), p_trunc=np.zeros(G),
-                         has_history=np.ones(G, bool), estimator="history", params={"recency_decay": 0.5})
+    est = length_estimate(med, med * 1.8, sigma=0.4, estimator="history", params={"recency_decay": 0.5})
     return prompts, est
 
 
@@ -91,8 +91,7 @@ def test_accessors_match_the_built_assignments(built):
 def test_fingerprint_mismatch_is_refused(tmp_path, built, suffix):
     prompts, _, result = built
     path = result.plan.save(tmp_path / f"plan{suffix}")
-    other = PromptSet(prompt_ids=prompts.prompt_ids, prompt_lens=prompts.prompt_lens + 1, n=prompts.n,
-                      origin="other.jsonl")
+    other = prompt_set(prompts.prompt_lens + 1, prompts.n, ids=prompts.prompt_ids, origin="other.jsonl")
     with pytest.raises(PlanMismatchError) as exc:
         load_plan(path, other)
     msg = str(exc.value)
@@ -170,8 +169,7 @@ def test_estimate_lengths_measures_prediction_error_and_windows_reuse_the_search
 
     rng = np.random.default_rng(0)
     G, n = 64, 4
-    prompts = PromptSet(prompt_ids=np.array([f"h{i}" for i in range(G)], dtype=object),
-                        prompt_lens=np.full(G, 20), n=n)
+    prompts = prompt_set(np.full(G, 20), n, prefix="h")
     base = rng.lognormal(5, 0.8, G)
     hist = LengthHistory()
     moved = base * np.exp(rng.normal(0, 0.4, G))  # epoch 1 medians moved by ~0.4 in log
@@ -193,13 +191,12 @@ def test_a_shared_iteration_survives_the_file(tmp_path, suffix):
     """An iteration the selection left unpinned (one queue in plan order) is read back as one: the runtime's
     dispatcher and the simulator take its queue from the file, position by position."""
     from mindspeed_asp.scheduler import baselines
-    from mindspeed_asp.core.problem import Assignment, InstanceSpec, PlanningProblem
+    from mindspeed_asp.core.problem import Assignment
 
     prompts, est = dataset(G=12)
-    problems = [PlanningProblem(prompts=prompts.subset(np.arange(lo, lo + 6)),
-                                estimate=est.subset(np.arange(lo, lo + 6)), instances=2, spec=InstanceSpec(slots=8),
-                                minibatch=3,
-                                cost=CostModel(a=0.01, b=1e-4, c=1e-7), max_new_tokens=2048) for lo in (0, 6)]
+    problems = [planning_problem(prompts.subset(np.arange(lo, lo + 6)), est.subset(np.arange(lo, lo + 6)),
+                                 instances=2, slots=8, minibatch=3, max_new_tokens=2048,
+                                 cost=CostModel(a=0.01, b=1e-4, c=1e-7)) for lo in (0, 6)]
     shared = baselines.plan_shared_desc(problems[0], np.random.default_rng(0))
     pinned = baselines.plan_lpt(problems[1], np.random.default_rng(0))
     plan = DispatchPlan.from_assignments(prompts, [0, 6, 12], [shared, pinned], est.median, est.group_max, {})
@@ -221,13 +218,11 @@ def test_isolated_groups_survive_the_file(tmp_path, suffix):
     """The groups a plan isolated (their instance steals nothing while they run) are read back per iteration,
     as rows, prompt ids and in the Assignment; a bad list is refused naming the key."""
     from mindspeed_asp.scheduler import baselines
-    from mindspeed_asp.core.problem import InstanceSpec, PlanningProblem
 
     prompts, est = dataset(G=12)
-    problems = [PlanningProblem(prompts=prompts.subset(np.arange(lo, lo + 6)),
-                                estimate=est.subset(np.arange(lo, lo + 6)), instances=2, spec=InstanceSpec(slots=8),
-                                minibatch=3, cost=CostModel(a=0.01, b=1e-4, c=1e-7), max_new_tokens=2048)
-               for lo in (0, 6)]
+    problems = [planning_problem(prompts.subset(np.arange(lo, lo + 6)), est.subset(np.arange(lo, lo + 6)),
+                                 instances=2, slots=8, minibatch=3, max_new_tokens=2048,
+                                 cost=CostModel(a=0.01, b=1e-4, c=1e-7)) for lo in (0, 6)]
     first = baselines.plan_lpt(problems[0], np.random.default_rng(0))
     second = baselines.plan_lpt(problems[1], np.random.default_rng(0))
     first.isolated, second.isolated = np.array([4], dtype=np.int64), np.array([0, 5], dtype=np.int64)

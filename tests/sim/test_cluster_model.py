@@ -11,17 +11,17 @@ from mindspeed_asp.errors import InputError
 from mindspeed_asp.experiments import whatif as wi
 from mindspeed_asp.sim import cluster as cm
 from mindspeed_asp.sim.model_presets import A3_DIE, PRESETS, get_preset
-from mindspeed_asp.core.problem import CostModel, LengthEstimate, PromptSet
+from mindspeed_asp.core.problem import CostModel
+
+from factories import length_estimate, prompt_set
 
 
 def _windows(K: int, Gw: int, n: int, L: int, P: int = 0, M: int = None) -> cm.Windows:
     G = K * Gw
-    ps = PromptSet(prompt_ids=np.array([f"g{i}" for i in range(G)], dtype=object),
-                   prompt_lens=np.full(G, P, dtype=np.int64), n=n)
+    ps = prompt_set(np.full(G, P, dtype=np.int64), n, prefix="g")
     truth = np.full((G, n), L, dtype=np.int64)
-    est = LengthEstimate(median=np.full(G, float(L)), group_max=np.full(G, float(L)), sigma=np.zeros(G),
-                         p_trunc=np.zeros(G), has_history=np.ones(G, dtype=bool), estimator="test",
-                         samples=truth.astype(float))
+    # float medians and maxima (oracle_estimate would keep the int64 of the lengths in group_max)
+    est = length_estimate(np.full(G, float(L)), np.full(G, float(L)), samples=truth.astype(float), estimator="test")
     return cm.Windows(prompts=ps, truth=truth, estimate=est, window_groups=Gw, minibatch=M or Gw,
                       max_new_tokens=L)
 
