@@ -10,12 +10,13 @@ import time
 
 import numpy as np
 
-from mindspeed_asp.core.problem import PromptSet
 from mindspeed_asp.runtime.engine_steps import EngineStepLog
 from mindspeed_asp.runtime.replan import WindowPlanner
 from mindspeed_asp.runtime.rollout_control import RolloutControl
 from mindspeed_asp.runtime.run_config import load_run_config, packaged_config_path
 from mindspeed_asp.runtime.window_feed import WindowFeed
+
+from factories import prompt_set
 
 SLOW_S = 0.4
 
@@ -25,10 +26,9 @@ def _feed(tmp_path, plan_ahead: bool, slow_s: float = 0.0):
         "asp.mode=asp", "asp.max_lag=1", f"asp.plan_ahead={str(plan_ahead).lower()}", "asp.online_fit=false",
         "asp.slots=64", "data.num_prompts=32", "run.steps=4"])
     P = cfg.data.num_prompts
-    prompt_set = PromptSet(prompt_ids=np.array([f"p{i}" for i in range(P)], dtype=object),
-                           prompt_lens=np.full(P, 12, dtype=np.int64), n=cfg.data.n)
+    epoch = prompt_set(np.full(P, 12, dtype=np.int64), cfg.data.n, prefix="p")
     prompts = [(f"p{i}", [1] * 12, cfg.data.max_new_tokens) for i in range(P)]
-    planner = WindowPlanner(cfg.asp, prompt_set, cfg.data.max_new_tokens, cfg.asp.instances,
+    planner = WindowPlanner(cfg.asp, epoch, cfg.data.max_new_tokens, cfg.asp.instances,
                             rollout_log=tmp_path / "rollout_log.jsonl", seed=0)
     solve = planner.solve
 
